@@ -1,0 +1,27 @@
+"""custom_fit: write your own Keras training step and keep everything ``fit()`` gives you.
+
+Replace ``keras.Model`` with :class:`CustomModel` (or ``keras.Sequential`` with
+:class:`CustomSequential`) and call ``compile``/``fit`` as before. The training,
+test and predict steps are written out with ``tf.GradientTape`` so they can be
+read and overridden, and they match ``keras.Model`` bit for bit on CPU.
+
+Example:
+    >>> import numpy as np, keras, custom_fit
+    >>> model = custom_fit.CustomSequential([keras.Input((2,)), keras.layers.Dense(1)])
+    >>> model.compile(optimizer="sgd", loss="mse")
+    >>> _ = model.fit(np.zeros((4, 2)), np.zeros((4, 1)), verbose=0)
+"""
+
+from custom_fit.compiled import CompiledLoss, CompiledMetrics
+from custom_fit.model import CustomModel, CustomSequential, MissingGradientWarning
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CompiledLoss",
+    "CompiledMetrics",
+    "CustomModel",
+    "CustomSequential",
+    "MissingGradientWarning",
+    "__version__",
+]
