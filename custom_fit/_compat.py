@@ -166,6 +166,21 @@ def variable_name(variable) -> str:
     return getattr(variable, "path", None) or variable.name
 
 
+def seed_generator_states(model: keras.Model) -> list:
+    """The state variable of every ``SeedGenerator`` in ``model`` and its layers.
+
+    Keras does not save these (``Layer._seed_generators``) with the weights,
+    so a ``Dropout`` restored from a file draws different masks.
+    """
+    states, seen = [], set()
+    for layer in model._flatten_layers(include_self=True):
+        for generator in layer._seed_generators:
+            if id(generator.state) not in seen:
+                seen.add(id(generator.state))
+                states.append(generator.state)
+    return states
+
+
 # --------------------------------------------------------------------------
 # Functional construction without rewriting class bases
 # --------------------------------------------------------------------------

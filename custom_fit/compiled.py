@@ -131,9 +131,11 @@ class CompiledMetrics:
             container.update_state(y_true, y_pred, sample_weight)
 
     def result(self) -> dict:
-        """A flat ``{name: value}`` dict of the compiled metrics."""
+        """A flat ``{name: value}`` dict of the compiled metrics (empty before the first update)."""
         container = _compat.compiled_metrics_container(self._model)
-        return dict(container.result()) if container is not None else {}
+        if container is None or not container.built:
+            return {}
+        return dict(container.result())
 
     def reset_state(self) -> None:
         """Resets the compiled metrics."""

@@ -31,6 +31,9 @@ from custom_fit.compiled import CompiledLoss, CompiledMetrics
 
 GradsAndVars = list[tuple[Any, Any]]
 
+# Prefix of the entries `save_own_variables` adds for random seed generator states.
+_SEED_STATE_KEY = "seed_generator_state_"
+
 
 class MissingGradientWarning(UserWarning):
     """Some variables passed to ``minimize`` got no gradient (``None``).
@@ -268,6 +271,30 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
     def compiled_metrics(self) -> CompiledMetrics:  # type: ignore[override]
         """Keras-2 ``compiled_metrics``: see :class:`custom_fit.compiled.CompiledMetrics`."""
         return CompiledMetrics(self)
+
+    # ------------------------------------------------------------------
+    # Saving
+    # ------------------------------------------------------------------
+
+    def save_own_variables(self, store: Any) -> None:
+        """Saves the model's own variables and the state of every random seed generator.
+
+        Called by ``model.save``, ``save_weights``, ``ModelCheckpoint`` and
+        ``BackupAndRestore``. Unlike ``keras.Model``, the states of
+        ``SeedGenerator``s (``Dropout`` masks, noise) are saved too, so a run
+        resumed from a file continues exactly like an uninterrupted one.
+        """
+        super().save_own_variables(store)
+        for i, state in enumerate(_compat.seed_generator_states(self)):
+            store[f"{_SEED_STATE_KEY}{i}"] = state
+
+    def load_own_variables(self, store: Any) -> None:
+        """Loads what :meth:`save_own_variables` saved (files without seed states load too)."""
+        keys = list(store.keys())
+        super().load_own_variables({k: store[k] for k in keys if not k.startswith(_SEED_STATE_KEY)})
+        for i, state in enumerate(_compat.seed_generator_states(self)):
+            if f"{_SEED_STATE_KEY}{i}" in keys:
+                state.assign(store[f"{_SEED_STATE_KEY}{i}"])
 
     # ------------------------------------------------------------------
     # Step functions

@@ -1,0 +1,194 @@
+"""Keras-2-style steps (``self.compiled_loss`` / ``self.compiled_metrics``) on Keras 3.
+
+On plain ``keras.Model`` these steps train but report the mean of the
+predictions as ``loss`` and warn on every trace; on ``CustomModel`` they must
+report exactly what ``keras.Model.fit`` reports.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import custom_fit
+from tests import parity
+
+SEED = 1234
+
+
+# --- Seed 002 (shared/seeds/002_1dcfd687a7e3ece1.txt), unchanged but for its base class ---
+class CustomModel(custom_fit.CustomModel):
+    def train_step(self, data):
+        # Unpack the data. Its structure depends on your model and
+        # on what you pass to `fit()`.
+        x, y = data
+
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)  # Forward pass
+            # Compute the loss value
+            # (the loss function is configured in `compile()`)
+            loss = self.compiled_loss(y, y_pred, regularization_losses=self.losses)
+
+        # Compute gradients
+        trainable_vars = self.trainable_variables
+        gradients = tape.gradient(loss, trainable_vars)
+        # Update weights
+        self.optimizer.apply_gradients(zip(gradients, trainable_vars))
+        # Update metrics (includes the metric that tracks the loss)
+        self.compiled_metrics.update_state(y, y_pred)
+        # Return a dict mapping metric names to current value
+        return {m.name: m.result() for m in self.metrics}
+# --- end of seed code ---
+
+
+def seed_program(model_class):
+    """The seed's usage code, with the model class as a parameter."""
+    keras.utils.set_random_seed(SEED)
+    # Construct and compile an instance of CustomModel
+    inputs = keras.Input(shape=(32,))
+    outputs = keras.layers.Dense(1)(inputs)
+    model = model_class(inputs, outputs)
+    model.compile(optimizer="adam", loss="mse", metrics=["mae"])
+
+    # Just use `fit` as usual
+    x = np.random.random((1000, 32))
+    y = np.random.random((1000, 1))
+    history = model.fit(x, y, epochs=3, verbose=0)
+    return model, history.history
+
+
+def test_seed_step_reports_the_true_loss():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no deprecation warning may be emitted
+        model, history = seed_program(CustomModel)
+    reference, expected = seed_program(keras.Model)
+    assert history == expected
+    assert parity.max_delta(model.get_weights(), reference.get_weights()) == 0.0
+    parity.RESULTS["Keras-2 step: seed 002 code"] = dict(
+        weights=0.0, history=parity.max_delta(history, expected), evaluate=0.0, predict=0.0, batch_logs=0.0
+    )
+
+
+def test_plain_keras_reports_the_mean_prediction_as_loss():
+    """Keeps the upstream problem visible: the same step on keras.Model logs a wrong loss."""
+
+    class PlainSeedModel(keras.Model):
+        train_step = CustomModel.train_step
+
+    with pytest.warns(UserWarning, match="deprecated"):
+        model, history = seed_program(PlainSeedModel)
+    _, expected = seed_program(keras.Model)
+    assert history["loss"] != pytest.approx(expected["loss"], rel=1e-3)
+
+
+class Keras2Step(custom_fit.CustomModel):
+    """The Keras 2 guide's step with sample weights, plus its Keras 2 test step."""
+
+    def train_step(self, data):
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.compiled_loss(y, y_pred, sample_weight, regularization_losses=self.losses)
+        gradients = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(gradients, self.trainable_variables))
+        self.compiled_metrics.update_state(y, y_pred, sample_weight)
+        return {m.name: m.result() for m in self.metrics}
+
+    def test_step(self, data):
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        y_pred = self(x, training=False)
+        self.compiled_loss(y, y_pred, sample_weight, regularization_losses=self.losses)
+        self.compiled_metrics.update_state(y, y_pred, sample_weight)
+        return {m.name: m.result() for m in self.metrics}
+
+
+DATA = parity.classification_data()
+
+
+def regularized_mlp(base):
+    inputs = keras.Input((parity.N_FEATURES,))
+    h = keras.layers.Dense(16, activation="relu", kernel_regularizer=keras.regularizers.L2(0.05),
+                           activity_regularizer=keras.regularizers.L1(1e-3))(inputs)
+    return base(inputs, keras.layers.Dense(parity.N_CLASSES, activation="softmax")(h))
+
+
+def two_outputs(base):
+    inputs = keras.Input((parity.N_FEATURES,))
+    h = keras.layers.Dense(16, activation="relu", kernel_regularizer=keras.regularizers.L2(0.01))(inputs)
+    cls = keras.layers.Dense(parity.N_CLASSES, activation="softmax", name="cls")(h)
+    reg = keras.layers.Dense(1, name="reg")(h)
+    return base(inputs, {"cls": cls, "reg": reg})
+
+
+def targets(n):
+    return {"cls": DATA["y"][:n] if n == parity.N_TRAIN else DATA["y_val"], "reg": (DATA["x"] if n == parity.N_TRAIN else DATA["x_val"])[:, :1]}
+
+
+KERAS2_CASES = {
+    "regularizers + sample_weight": (
+        regularized_mlp,
+        dict(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"], weighted_metrics=["accuracy"]),
+        lambda: dict(x=DATA["x"], y=DATA["y"], sample_weight=DATA["sample_weight"], batch_size=16, epochs=3, shuffle=False,
+                     validation_data=(DATA["x_val"], DATA["y_val"])),
+        lambda: dict(x=DATA["x_val"], y=DATA["y_val"], batch_size=16),
+    ),
+    "two outputs, dict losses + loss_weights": (
+        two_outputs,
+        dict(optimizer="adam", loss={"cls": "sparse_categorical_crossentropy", "reg": "mse"},
+             loss_weights={"cls": 0.7, "reg": 0.3}, metrics={"cls": ["accuracy"], "reg": ["mae"]}),
+        lambda: dict(x=DATA["x"], y=targets(parity.N_TRAIN), batch_size=16, epochs=3, shuffle=False,
+                     validation_data=(DATA["x_val"], targets(parity.N_VAL))),
+        lambda: dict(x=DATA["x_val"], y=targets(parity.N_VAL), batch_size=16),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(KERAS2_CASES))
+def test_keras2_step_matches_keras_model(case):
+    build, compile_kwargs, fit_args, eval_args = KERAS2_CASES[case]
+    reference = parity.train(build, keras.Model, seed=SEED, compile_kwargs=compile_kwargs, fit_args=fit_args, eval_args=eval_args)
+    candidate = parity.train(build, Keras2Step, seed=SEED, compile_kwargs=compile_kwargs, fit_args=fit_args, eval_args=eval_args)
+    parity.assert_same(f"Keras-2 step: {case}", reference, candidate)
+    for logs in (candidate.history, *[entry[2] for entry in candidate.batch_logs]):
+        assert all(isinstance(v, (float, list)) for v in logs.values()), "logs must be flat scalars"
+
+
+def test_regularization_is_counted_once():
+    """``regularization_losses=self.losses`` adds the penalties once, like ``compute_loss``."""
+    keras.utils.set_random_seed(SEED)
+    model = regularized_mlp(Keras2Step)
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    x, y = DATA["x"][:16], DATA["y"][:16]
+    y_pred = model(x, training=True)
+    expected = model.compute_loss(x, y, y_pred)
+    penalties = float(keras.ops.sum([keras.ops.sum(loss) for loss in model.losses]))
+    assert penalties > 1e-3
+    assert float(model.compiled_loss(y, y_pred, regularization_losses=model.losses)) == float(expected)
+    unregularized = float(model.compiled_loss(y, y_pred))
+    assert unregularized == pytest.approx(float(expected) - penalties, rel=1e-6)
+
+
+def test_compiled_metrics_view():
+    keras.utils.set_random_seed(SEED)
+    model = regularized_mlp(custom_fit.CustomModel)
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    assert model.compiled_metrics.metrics == [] and model.compiled_metrics.result() == {}
+    y_pred = model(DATA["x"])
+    model.compiled_metrics.update_state(DATA["y"], y_pred)
+    expected = float(keras.metrics.sparse_categorical_accuracy(DATA["y"], y_pred).numpy().mean())
+    assert [m.name for m in model.compiled_metrics.metrics] == ["accuracy"]
+    assert float(model.compiled_metrics.result()["accuracy"]) == pytest.approx(expected)
+    assert [m.name for m in model.compiled_loss.metrics] == ["loss"]
+    model.compiled_metrics.reset_state()
+    assert float(model.compiled_metrics.result()["accuracy"]) == 0.0
+
+
+def test_compiled_loss_without_any_loss_says_how_to_fix():
+    model = regularized_mlp(custom_fit.CustomModel)
+    model.compile(optimizer="adam")
+    with pytest.raises(ValueError, match=r"expected a `loss` passed to `compile\(\)`.*received neither.*Fix: call"):
+        model.compiled_loss(DATA["y"], model(DATA["x"]))

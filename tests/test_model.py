@@ -1,0 +1,301 @@
+"""CustomModel construction, override points and error messages."""
+
+from __future__ import annotations
+
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import custom_fit
+from custom_fit import _compat
+from tests import parity
+
+DATA = parity.classification_data()
+X, Y = DATA["x"], DATA["y"]
+
+
+def functional(base=custom_fit.CustomModel):
+    inputs = keras.Input((parity.N_FEATURES,))
+    return base(inputs, keras.layers.Dense(parity.N_CLASSES, activation="softmax")(inputs))
+
+
+# --------------------------------------------------------------------------
+# Construction
+# --------------------------------------------------------------------------
+
+
+def test_functional_construction_keeps_class_bases():
+    bases = custom_fit.CustomModel.__bases__
+    model = functional()
+    assert isinstance(model, custom_fit.CustomModel) and isinstance(model, _compat.Functional)
+    assert type(model).__name__ == "CustomModel"
+    assert custom_fit.CustomModel.__bases__ == bases
+
+
+def test_subclass_with_own_init_works_after_functional_construction():
+    """Plain Keras rewrites the bases here and the subclass no longer constructs."""
+    functional()  # a functional CustomModel now exists in this process
+
+    class Net(custom_fit.CustomModel):
+        def __init__(self, units=4):
+            super().__init__()
+            self.hidden = keras.layers.Dense(units, activation="relu")
+            self.out = keras.layers.Dense(parity.N_CLASSES, activation="softmax")
+
+        def call(self, x):
+            return self.out(self.hidden(x))
+
+    model = Net(units=8)
+    assert not isinstance(model, _compat.Functional)
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    history = model.fit(X, Y, epochs=2, verbose=0)
+    assert history.history["loss"][1] < history.history["loss"][0]
+
+
+def test_plain_keras_subclass_breaks_after_functional_construction():
+    """Keeps the upstream behaviour visible (the reason for the fix above)."""
+
+    class Plain(keras.Model):
+        pass
+
+    functional(Plain)
+
+    class Sub(Plain):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(1)
+
+    with pytest.raises(TypeError, match="missing 2 required positional arguments"):
+        Sub()
+
+
+def test_functional_subclass_built_inside_init():
+    """The ``super().__init__(inputs, outputs)`` pattern inside a subclass' ``__init__``."""
+
+    class Wrapped(custom_fit.CustomModel):
+        def __init__(self, units):
+            inputs = keras.Input((parity.N_FEATURES,))
+            outputs = keras.layers.Dense(units, activation="softmax")(inputs)
+            super().__init__(inputs, outputs)
+            self.units = units
+
+    model = Wrapped(parity.N_CLASSES)
+    assert isinstance(model, Wrapped) and isinstance(model, _compat.Functional)
+    assert Wrapped.__bases__ == (custom_fit.CustomModel,)
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    model.fit(X, Y, epochs=1, verbose=0)
+
+
+def test_subclass_taking_two_plain_arguments_is_not_functional():
+    class TwoArgs(custom_fit.CustomModel):
+        def __init__(self, units, rate):
+            super().__init__()
+            self.dense = keras.layers.Dense(units)
+            self.rate = rate
+
+        def call(self, x):
+            return self.dense(x)
+
+    model = TwoArgs(3, 0.1)
+    assert not isinstance(model, _compat.Functional)
+    assert model(X).shape == (parity.N_TRAIN, 3)
+
+
+# --------------------------------------------------------------------------
+# Override points
+# --------------------------------------------------------------------------
+
+
+class Recording(custom_fit.CustomModel):
+    """Records the order in which ``train_step`` calls the override points."""
+
+    calls: list
+
+    def compute_loss(self, *args, **kwargs):
+        self.calls.append("compute_loss")
+        return super().compute_loss(*args, **kwargs)
+
+    def minimize(self, loss, tape, variables, optimizer=None):
+        self.calls.append("minimize")
+        return super().minimize(loss, tape, variables, optimizer)
+
+    def compute_gradients(self, loss, tape, variables):
+        self.calls.append("compute_gradients")
+        return super().compute_gradients(loss, tape, variables)
+
+    def transform_gradients(self, grads_and_vars):
+        self.calls.append("transform_gradients")
+        return super().transform_gradients(grads_and_vars)
+
+    def apply_gradients(self, grads_and_vars, optimizer=None):
+        self.calls.append("apply_gradients")
+        return super().apply_gradients(grads_and_vars, optimizer)
+
+    def compute_metrics(self, *args, **kwargs):
+        self.calls.append("compute_metrics")
+        return super().compute_metrics(*args, **kwargs)
+
+
+def test_override_points_are_called_in_order():
+    model = functional(Recording)
+    model.calls = []
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", run_eagerly=True)
+    model.train_on_batch(X[:8], Y[:8])
+    assert model.calls == [
+        "compute_loss", "minimize", "compute_gradients", "transform_gradients", "apply_gradients", "compute_metrics",
+    ]
+    model.calls = []
+    model.test_on_batch(X[:8], Y[:8])
+    assert model.calls == ["compute_loss", "compute_metrics"]
+
+
+def test_transform_gradients_changes_the_update():
+    class Frozen(custom_fit.CustomModel):
+        def transform_gradients(self, grads_and_vars):
+            return [(tf.zeros_like(g), v) for g, v in super().transform_gradients(grads_and_vars)]
+
+    model = functional(Frozen)
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    before = model.get_weights()
+    model.fit(X, Y, epochs=1, batch_size=16, verbose=0)
+    assert parity.max_delta(before, model.get_weights()) == 0.0
+    assert int(model.optimizer.iterations) == 7
+
+
+def test_minimize_with_two_optimizers_in_one_step():
+    """A step can minimize two losses with two optimizer instances (GAN-style)."""
+
+    class TwoParts(custom_fit.CustomModel):
+        def __init__(self):
+            super().__init__()
+            self.a = keras.layers.Dense(4)
+            self.b = keras.layers.Dense(1)
+            self.opt_b = keras.optimizers.SGD(0.1)
+
+        def call(self, x):
+            return self.b(self.a(x))
+
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape(persistent=True) as tape:
+                y_pred = self(x)
+                loss = keras.ops.mean(keras.ops.square(y_pred - y))
+            self.minimize(loss, tape, self.a.trainable_weights)
+            self.minimize(loss, tape, self.b.trainable_weights, optimizer=self.opt_b)
+            return {"loss": loss}
+
+    model = TwoParts()
+    model.compile(optimizer=keras.optimizers.SGD(0.01))
+    model.fit(X, X[:, :1], epochs=1, batch_size=33, verbose=0)
+    assert int(model.optimizer.iterations) == 3 and int(model.opt_b.iterations) == 3
+
+
+# --------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------
+
+
+def test_fit_before_compile_says_how_to_fix():
+    model = functional()
+    with pytest.raises(ValueError, match=r"CustomModel.fit\(\) needs a compiled model: expected `model.compile\(optimizer=..., loss=...\)`.*was never compiled. Fix: call `model.compile"):
+        model.fit(X, Y, verbose=0)
+    with pytest.raises(ValueError, match=r"evaluate\(\) needs a compiled model"):
+        model.evaluate(X, Y, verbose=0)
+
+
+def test_minimize_with_unknown_optimizer_name():
+    class Named(custom_fit.CustomModel):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = self.compute_loss(x, y, self(x))
+            self.minimize(loss, tape, self.trainable_weights, optimizer="generator")
+            return {}
+
+    model = functional(Named)
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    with pytest.raises(ValueError, match=r"received optimizer='generator', which names no optimizer of this model \(compiled optimizer: Adam\)\. Expected `None`.*Fix: omit"):
+        model.fit(X, Y, verbose=0)
+
+
+def test_minimize_without_any_optimizer():
+    model = functional()
+    model.compile(optimizer=None, loss="sparse_categorical_crossentropy")
+    with pytest.raises(ValueError, match=r"has no optimizer: expected `compile\(optimizer=...\)`.*Fix: call"):
+        model.fit(X, Y, verbose=0)
+
+
+class PartlyUnused(custom_fit.CustomModel):
+    """Has a built layer whose variables never reach the loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.used = keras.layers.Dense(parity.N_CLASSES, activation="softmax")
+        self.unused = keras.layers.Dense(2, name="unused")
+        self.unused.build((None, parity.N_FEATURES))
+
+    def call(self, x):
+        return self.used(x)
+
+
+def test_variables_without_gradient_warn_once_and_stay_unchanged():
+    model = PartlyUnused()
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    model(X[:1])
+    unused_before = [np.array(w) for w in model.unused.get_weights()]
+    used_before = [np.array(w) for w in model.used.get_weights()]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(X, Y, batch_size=16, epochs=3, verbose=0)  # partial last batch: traced twice
+    ours = [w for w in caught if issubclass(w.category, custom_fit.MissingGradientWarning)]
+    assert len(ours) == 1, [str(w.message) for w in caught]
+    assert len(caught) == 1, "Keras' own per-trace warning must not be emitted as well"
+    message = str(ours[0].message)
+    assert "2 of 4 variables passed to minimize() got no gradient" in message
+    assert "unused/kernel" in message and "unused/bias" in message and "Fix:" in message
+    assert parity.max_delta(unused_before, model.unused.get_weights()) == 0.0
+    assert parity.max_delta(used_before, model.used.get_weights()) > 0.0
+    assert len(model.optimizer.variables) == 2 + 2 * 4, "optimizer state covers every variable"
+
+
+def test_no_variable_with_a_gradient_is_an_error():
+    class Detached(custom_fit.CustomModel):
+        def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+            return tf.constant(1.0)
+
+    model = functional(Detached)
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    with pytest.raises(ValueError, match=r"none of the 2 variables has a gradient. Expected a loss computed from these variables.*Fix:"):
+        model.fit(X, Y, verbose=0)
+
+
+def test_missing_targets_say_how_to_fix():
+    model = functional()
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    with pytest.raises(ValueError, match=r"compiled with loss='sparse_categorical_crossentropy', which needs targets: expected batches of \(x, y\).*received batches with inputs only. Fix: pass `y`"):
+        model.fit(X, verbose=0)
+    with pytest.raises(ValueError, match="which needs targets"):
+        model.evaluate(tf.data.Dataset.from_tensor_slices(X).batch(8), verbose=0)
+
+
+def test_model_without_loss_trains_on_add_loss():
+    """No ``y`` is fine when no loss is compiled: the loss comes from ``add_loss``."""
+
+    class Autoencoder(custom_fit.CustomModel):
+        def __init__(self):
+            super().__init__()
+            self.code = keras.layers.Dense(3)
+            self.decode = keras.layers.Dense(parity.N_FEATURES)
+
+        def call(self, x):
+            reconstruction = self.decode(self.code(x))
+            self.add_loss(keras.ops.mean(keras.ops.square(reconstruction - x)))
+            return reconstruction
+
+    model = Autoencoder()
+    model.compile(optimizer="adam")
+    history = model.fit(X, epochs=3, batch_size=16, verbose=0)
+    assert history.history["loss"][-1] < history.history["loss"][0]
