@@ -1,0 +1,28 @@
+# `make demo` and `make test` work from a fresh clone with only Python 3 and pip:
+# the first call creates .venv and installs the package with its pinned test stack.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test clean
+
+install: $(STAMP)
+
+$(STAMP): setup.cfg setup.py pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[test,demo]"
+	touch $(STAMP)
+
+## Train a CNN on scikit-learn's bundled digits with CustomModel and keras.Model, side by side.
+demo: $(STAMP)
+	$(PY) -m custom_fit.demo
+
+## Run the whole suite (warnings are errors; see setup.cfg).
+test: $(STAMP)
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) build *.egg-info

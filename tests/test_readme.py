@@ -1,0 +1,61 @@
+"""The README's code runs as printed, and its excerpt of the step matches the source."""
+
+from __future__ import annotations
+
+import inspect
+import pathlib
+import re
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+
+import custom_fit
+
+README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+QUICKSTART, STEP, EXAMPLES, KERAS2 = BLOCKS
+
+
+def test_quick_start_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(QUICKSTART, "README quick start", "exec"), namespace)
+    assert type(namespace["restored"]) is type(namespace["model"])
+    assert len(eval(capsys.readouterr().out)) == 3  # the printed val_accuracy per epoch
+    assert len(QUICKSTART.strip().splitlines()) <= 20
+
+
+def test_step_excerpt_is_the_real_train_step():
+    source = textwrap.dedent(inspect.getsource(custom_fit.CustomModel.train_step))
+    code = source.split('"""')[-1]  # the body after the docstring
+    excerpt = STEP.strip().splitlines()
+    assert source.startswith(excerpt[0] + "\n")
+    assert excerpt[1].strip() == "...  # docstring"
+    assert textwrap.dedent("\n".join(excerpt[2:])) == textwrap.dedent(code.strip("\n")).strip()
+
+
+def small_functional(base):
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dense(8, activation="relu")(inputs)
+    return base(inputs, keras.layers.Dense(1)(hidden))
+
+
+@pytest.mark.parametrize("name", ["CenteredLoss", "TwoOptimizers", "UnconnectedAsZero", "NoisyGradients", "CountUpdates", "MyModel"])
+def test_readme_examples_train(name):
+    namespace: dict = {}
+    exec(compile(EXAMPLES, "README override examples", "exec"), namespace)
+    exec(compile("import tensorflow as tf\nimport custom_fit\n" + KERAS2, "README Keras-2 step", "exec"), namespace)
+    model = small_functional(namespace[name])
+    model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
+    x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+    before = model.get_weights()
+    history = model.fit(x, x[:, :1], batch_size=16, epochs=2, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(before, model.get_weights())) > 0
+    if name == "CountUpdates":
+        assert int(model.updates_seen.numpy()) == 8
+    if name == "TwoOptimizers":
+        assert history.history["loss"][0] > 0 and "mae" in history.history
+        assert int(model.head_optimizer.iterations) == int(model.optimizer.iterations) == 8
