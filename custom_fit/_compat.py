@@ -11,11 +11,15 @@ Nothing in this module is public API.
 from __future__ import annotations
 
 import contextlib
+import re
+import weakref
 from typing import Any, Callable, Iterator
 
 import keras
 import tensorflow as tf
+from keras.src.backend.tensorflow import trainer as _tf_trainer
 from keras.src.losses import loss as _loss_module
+from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
 from keras.src.models import functional as _functional
 from keras.src.models import model as _model
 from keras.src.saving import object_registration as _registration
@@ -134,12 +138,118 @@ def track_loss(model: keras.Model, loss, x: Any) -> None:
 
 
 def make_step_function(model: keras.Model, step: Callable) -> Callable:
-    """Wraps ``step`` in Keras' own distributed, fused, optionally XLA function.
+    """Builds the function ``fit``/``evaluate`` call on an iterator, around ``step``.
 
-    ``TensorFlowTrainer._make_function`` handles ``strategy.run``, reduction
-    of per-replica outputs, ``steps_per_execution`` and ``jit_compile``.
+    The same contract as ``TensorFlowTrainer._make_function``: run ``step``
+    per replica with ``strategy.run``, reduce the per-replica logs, fuse
+    ``model.steps_per_execution`` steps in one ``tf.function`` (XLA-compiled
+    when ``model.jit_compile``), return the logs of the last step run or
+    raise ``StopIteration`` when the iterator is exhausted.
+
+    It differs in how the fused loop is built. Keras 3.15 runs each step
+    inside a ``tf.cond`` within the ``tf.while_loop``. Under ``tf.distribute``
+    the optimizer aggregates gradients with a cross-replica ``merge_call``;
+    a ``merge_call`` made inside a ``tf.cond`` branch leaves some tensors the
+    branch captures unfed, and ``MirroredStrategy`` + ``steps_per_execution > 1``
+    fails with "You must feed a value for placeholder tensor
+    'while/cond/Placeholder…'" (keras-team/keras#19246; ``evaluate``, which
+    makes no ``merge_call``, works). Here the loop's *condition* checks that
+    another batch exists and the *body* runs the step unconditionally; only
+    fetching the next batch sits in a ``tf.cond``. The arithmetic is the same,
+    so results equal Keras' loop bit for bit where Keras' loop works.
+    (``model.unrolled_steps_per_execution`` is not used: one step per
+    iteration.)
     """
-    return model._make_function(step)
+    strategy = model.distribute_strategy
+
+    @tf.autograph.experimental.do_not_convert
+    def one_step_on_data(data):
+        return reduce_logs(strategy, strategy.run(step, args=(data,)))
+
+    if not model.run_eagerly:
+        one_step_on_data = tf.function(
+            one_step_on_data, reduce_retracing=True, jit_compile=model.jit_compile
+        )
+    one_step_on_data = model._autoconvert_optionals(one_step_on_data)
+    steps = model.steps_per_execution
+
+    @tf.autograph.experimental.do_not_convert
+    def multi_step_on_iterator(iterator):
+        if steps == 1:
+            return tf.experimental.Optional.from_value(one_step_on_data(iterator.get_next()))
+        # The outputs' structure is known only once the body is traced; like
+        # Keras, start from an empty Optional whose spec the body fills in.
+        no_outputs = tf.experimental.Optional.empty(None)
+
+        def has_batch(i, outputs, batch):
+            return tf.logical_and(i < steps, batch.has_value())
+
+        def run_step(i, outputs, batch):
+            outputs = tf.experimental.Optional.from_value(one_step_on_data(batch.get_value()))
+            no_outputs._element_spec = outputs.element_spec
+            batch = tf.cond(i + 1 < steps, iterator.get_next_as_optional, lambda: batch)
+            return i + 1, outputs, batch
+
+        _, outputs, _ = tf.while_loop(
+            has_batch, run_step, [tf.constant(0), no_outputs, iterator.get_next_as_optional()]
+        )
+        outputs._element_spec = no_outputs.element_spec
+        return outputs
+
+    if not model.run_eagerly:
+        multi_step_on_iterator = tf.function(multi_step_on_iterator, reduce_retracing=True)
+
+    def function(iterator):
+        if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
+            outputs = multi_step_on_iterator(iterator)
+            if not outputs.has_value():
+                raise StopIteration
+            return outputs.get_value()
+        # `train_on_batch` & co. pass a Python generator of batches.
+        for _, data in zip(range(steps), iterator):
+            logs = one_step_on_data(data)
+        return logs
+
+    return explain_xla_errors(model, function)
+
+
+def reduce_logs(strategy, logs):
+    """One value per log entry: the mean over replicas (``reduce_per_replica(..., "auto")``).
+
+    Keras 3.15 reduces each log under ``MultiWorkerMirroredStrategy`` with
+    ``strategy.reduce("MEAN", v, axis=0)``, which fails for the scalar values
+    every step returns ("Invalid reduction dimension 0 for input with 0
+    dimensions"). Scalars are averaged across all workers' replicas here.
+    """
+    if _tf_trainer._collective_all_reduce_multi_worker(strategy):
+        return keras.tree.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), logs)
+    return _tf_trainer.reduce_per_replica(logs, strategy, reduction="auto")
+
+
+_XLA_UNSUPPORTED = re.compile(r"Detected unsupported operations when trying to compile graph \S+ on (\S+): (.*?) \(No registered")
+
+
+def explain_xla_errors(model: keras.Model, function: Callable) -> Callable:
+    """Re-raises TensorFlow's "unsupported operations ... XLA" error as one that names the fix."""
+
+    def function_with_clear_xla_errors(*args):
+        try:
+            return function(*args)
+        except tf.errors.InvalidArgumentError as error:
+            found = _XLA_UNSUPPORTED.search(str(error))
+            if not (model.jit_compile and found):
+                raise
+            device, ops = found.groups()
+            raise ValueError(
+                f"XLA cannot compile the step of model '{model.name}': op {ops} has no "
+                f"XLA kernel on {device}. Expected every op in train/test/predict_step "
+                "to be XLA-compilable because the model was compiled with "
+                f"jit_compile=True; received a step that uses {ops}. Fix: "
+                "`model.compile(..., jit_compile=False)`, or replace that op with an "
+                "XLA-compatible one."
+            ) from error
+
+    return function_with_clear_xla_errors
 
 
 # --------------------------------------------------------------------------
@@ -159,6 +269,70 @@ def recording(tape: tf.GradientTape) -> Iterator[None]:
     else:
         with tape:
             yield
+
+
+# --------------------------------------------------------------------------
+# Distribution and mixed precision
+# --------------------------------------------------------------------------
+
+
+def replica_context_with_peers():
+    """The current replica context if several replicas run in sync, else ``None``."""
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync <= 1:
+        return None
+    return context
+
+
+def sum_across_replicas(context, grads_and_vars: list) -> list:
+    """All-reduces (sums) the gradients of every replica; each replica gets the global sum."""
+    summed = context.all_reduce(tf.distribute.ReduceOp.SUM, [g for g, _ in grads_and_vars])
+    return [(g, v) for g, (_, v) in zip(summed, grads_and_vars)]
+
+
+@contextlib.contextmanager
+def gradients_already_summed(optimizer) -> Iterator[None]:
+    """Makes ``optimizer`` skip its own cross-replica gradient sum while inside.
+
+    Keras' TensorFlow optimizer sums gradients across replicas in
+    ``_all_reduce_sum_gradients``, after clipping. When the caller has summed
+    them already (to clip the global gradient), that second sum must not run.
+    The switch is a counter on the optimizer (not thread-local): the replica
+    threads of ``MirroredStrategy`` enter one after another, and all of them
+    want the sum skipped.
+    """
+    inner = getattr(optimizer, "inner_optimizer", optimizer)  # LossScaleOptimizer
+    if "_all_reduce_sum_gradients" not in vars(inner):
+        keras_all_reduce = inner._all_reduce_sum_gradients
+
+        def all_reduce_unless_summed(grads_and_vars):
+            if inner._custom_fit_summed_gradients:
+                return list(grads_and_vars)
+            return keras_all_reduce(grads_and_vars)
+
+        inner._all_reduce_sum_gradients = all_reduce_unless_summed
+        inner._custom_fit_summed_gradients = 0
+    inner._custom_fit_summed_gradients += 1
+    try:
+        yield
+    finally:
+        inner._custom_fit_summed_gradients -= 1
+
+
+_loss_scaled_twins: "weakref.WeakKeyDictionary[Any, LossScaleOptimizer]" = weakref.WeakKeyDictionary()
+
+
+def loss_scaled(model: keras.Model, optimizer):
+    """``optimizer`` wrapped in a ``LossScaleOptimizer`` when ``model`` runs in ``mixed_float16``.
+
+    ``compile()`` wraps the compiled optimizer (``auto_scale_loss=True``); an
+    extra optimizer handed to ``minimize`` gets the same treatment, once.
+    """
+    if model.dtype_policy.name != "mixed_float16" or isinstance(optimizer, LossScaleOptimizer):
+        return optimizer
+    if optimizer not in _loss_scaled_twins:
+        _loss_scaled_twins[optimizer] = LossScaleOptimizer(optimizer, name=f"{optimizer.name}_loss_scale")
+    return _loss_scaled_twins[optimizer]
 
 
 def variable_name(variable) -> str:
@@ -227,3 +401,25 @@ class TrainerHooks:
                 f"first, but model '{self.name}' was never compiled. Fix: call "
                 f"`model.compile(...)` before `model.{method}`."
             )
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None) -> None:
+        # Keras builds the model, metrics and optimizer from a first batch when
+        # a strategy is set, reducing that batch with `strategy.reduce("MEAN",
+        # batch)`. Under MultiWorkerMirroredStrategy that call fails on a
+        # nested (x, y) batch ("Attempt to convert a value (PerReplica...) to
+        # a Tensor"), so plain Keras 3.15 cannot `fit` there at all. Only the
+        # batch's structure, shapes and dtypes matter for the symbolic build:
+        # take one local replica's value of each leaf instead (no collective).
+        strategy = self._distribute_strategy
+        if strategy is None:
+            return
+        if iterator is not None:
+            for _, _, batches in iterator:
+                data_batch = keras.tree.map_structure(
+                    lambda v: strategy.experimental_local_results(v)[0]
+                    if isinstance(v, tf.distribute.DistributedValues) else v,
+                    next(batches),
+                )
+                break
+        with strategy.scope():
+            self._symbolic_build(data_batch=data_batch)

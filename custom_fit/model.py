@@ -97,6 +97,45 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
         super().__init__(*args, **kwargs)
 
     # ------------------------------------------------------------------
+    # Configuration
+    # ------------------------------------------------------------------
+
+    def compile(self, *args: Any, clip_after_aggregation: bool = False, **kwargs: Any) -> None:
+        """Configures the model for training: ``keras.Model.compile`` plus one option.
+
+        Args:
+            *args: As for ``keras.Model.compile`` (``optimizer``, ``loss``, ...).
+            clip_after_aggregation: Under a multi-replica ``tf.distribute``
+                strategy, sum the gradients across replicas *before*
+                :meth:`transform_gradients` and the optimizer's ``clipnorm``,
+                ``global_clipnorm`` or ``clipvalue``, so clipping sees the
+                global gradient and gives the update one device would. Keras
+                clips each replica's gradient and then sums (the default,
+                ``False``, keeps that). Without a strategy it changes nothing.
+            **kwargs: As for ``keras.Model.compile``.
+
+        Example:
+            >>> import keras, custom_fit
+            >>> model = custom_fit.CustomSequential([keras.Input((3,)), keras.layers.Dense(1)])
+            >>> model.compile(optimizer=keras.optimizers.SGD(global_clipnorm=1.0),
+            ...               loss="mse", clip_after_aggregation=True)
+        """
+        super().compile(*args, **kwargs)
+        self.clip_after_aggregation = bool(clip_after_aggregation)
+        if clip_after_aggregation:
+            self._compile_config.config["clip_after_aggregation"] = True
+
+    def compile_from_config(self, config: dict) -> None:
+        """Re-runs :meth:`compile` from :meth:`get_compile_config` (used by ``load_model``)."""
+        if type(self).compile is not CustomModel.compile:
+            # A subclass with its own compile() signature: Keras' behaviour
+            # (a warning that compile() must be called after loading).
+            return super().compile_from_config(config)
+        self.compile(**keras.saving.deserialize_keras_object(config))
+        if self.optimizer is not None and self.built:
+            self.optimizer.build(self.trainable_variables)
+
+    # ------------------------------------------------------------------
     # The three steps
     # ------------------------------------------------------------------
 
@@ -202,8 +241,16 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
             loss = optimizer.scale_loss(loss)
         gradients = self.compute_gradients(loss, tape, variables)
         grads_and_vars = self._drop_missing_gradients(gradients, variables, optimizer)
+        replica_context = _compat.replica_context_with_peers()
+        if replica_context is None or not getattr(self, "clip_after_aggregation", False):
+            grads_and_vars = self.transform_gradients(grads_and_vars)
+            self.apply_gradients(grads_and_vars, optimizer=optimizer)
+            return
+        # clip_after_aggregation: transform and clip the global gradient.
+        grads_and_vars = _compat.sum_across_replicas(replica_context, grads_and_vars)
         grads_and_vars = self.transform_gradients(grads_and_vars)
-        self.apply_gradients(grads_and_vars, optimizer=optimizer)
+        with _compat.gradients_already_summed(optimizer):
+            self.apply_gradients(grads_and_vars, optimizer=optimizer)
 
     def compute_gradients(
         self, loss: tf.Tensor, tape: tf.GradientTape, variables: Sequence[Any]
@@ -312,6 +359,13 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
             self.test_function = _compat.make_step_function(self, _flat_logs(self.test_step))
         return self.test_function
 
+    def make_predict_function(self, force: bool = False) -> Callable:
+        """Builds ``self.predict_function`` around :meth:`predict_step` (Keras' own loop)."""
+        if self.predict_function is None or force:
+            super().make_predict_function(force=True)
+            self.predict_function = _compat.explain_xla_errors(self, self.predict_function)
+        return self.predict_function
+
     # ------------------------------------------------------------------
     # Helpers
     # ------------------------------------------------------------------
@@ -331,9 +385,13 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
         return x, y, sample_weight
 
     def _resolve_optimizer(self, optimizer: Any) -> keras.optimizers.Optimizer:
-        """The optimizer instance ``optimizer`` refers to (``None``: the compiled one)."""
+        """The optimizer instance ``optimizer`` refers to (``None``: the compiled one).
+
+        Under ``mixed_float16`` an optimizer passed by the caller is wrapped for
+        loss scaling, like the compiled one.
+        """
         if isinstance(optimizer, keras.optimizers.Optimizer):
-            return optimizer
+            return _compat.loss_scaled(self, optimizer)
         compiled = getattr(self, "optimizer", None)
         if optimizer is None and compiled is not None:
             return compiled

@@ -1,0 +1,228 @@
+"""Training runs under ``tf.distribute`` strategies, each group in a process of its own.
+
+A strategy (and the logical devices it needs) can be set up only once per
+process, so the tests start this module as a subprocess::
+
+    python -m tests.strategy_cases mirrored OUT.json
+    python -m tests.strategy_cases worker INDEX PORT0,PORT1 OUT.json
+
+and read the measured results (max |delta| between runs, errors raised) from
+``OUT.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+GLOBAL_BATCH = 16
+N_SAMPLES = 96  # six global batches: every batch splits evenly over two replicas
+SEED = 2024
+
+
+def data():
+    rng = np.random.default_rng(SEED)
+    x = rng.normal(size=(N_SAMPLES + 32, 8)).astype("float32")
+    y = (x[:, 0] + x[:, 1] > 0).astype("int32") + (x[:, 2] > 0.5).astype("int32")
+    return {
+        "x": x[:N_SAMPLES], "y": y[:N_SAMPLES], "x_val": x[N_SAMPLES:], "y_val": y[N_SAMPLES:],
+        "sw": rng.uniform(0.2, 2.0, size=N_SAMPLES).astype("float32"),
+        "sw_val": rng.uniform(0.2, 2.0, size=32).astype("float32"),
+    }
+
+
+def build(base, kind: str):
+    import keras
+
+    inputs = keras.Input((8,))
+    reg = dict(kernel_regularizer=keras.regularizers.L2(1e-2), activity_regularizer=keras.regularizers.L1(1e-3)) if kind == "regularizers" else {}
+    h = keras.layers.Dense(16, activation="relu", **reg)(inputs)
+    if kind == "two_outputs":
+        return base(inputs, {"cls": keras.layers.Dense(3, activation="softmax", name="cls")(h), "reg": keras.layers.Dense(1, name="reg")(h)})
+    return base(inputs, keras.layers.Dense(3, activation="softmax")(h))
+
+
+def compile_kwargs(kind: str, **extra):
+    import keras
+
+    if kind == "two_outputs":
+        kwargs = dict(loss={"cls": "sparse_categorical_crossentropy", "reg": "mse"}, loss_weights={"cls": 1.0, "reg": 0.5},
+                      metrics={"cls": ["accuracy"], "reg": ["mae"]})
+    else:
+        kwargs = dict(loss="sparse_categorical_crossentropy", metrics=["accuracy"], weighted_metrics=["accuracy"] if kind == "sample_weight" else None)
+    return dict(optimizer=keras.optimizers.Adam(1e-2), **kwargs, **extra)
+
+
+def targets(d, kind, split=""):
+    y, x = d["y" + split], d["x" + split]
+    return {"cls": y, "reg": x[:, :1]} if kind == "two_outputs" else y
+
+
+def run(base, kind, strategy=None, epochs=3, fit_kwargs=None, **extra_compile):
+    """Trains one model; returns weights, history, evaluate and predict as plain lists."""
+    import keras
+
+    d = data()
+    keras.utils.set_random_seed(SEED)
+    scope = strategy.scope() if strategy is not None else tf.distribute.get_strategy().scope()
+    with scope:
+        model = build(base, kind)
+        model.compile(**compile_kwargs(kind, **extra_compile))
+    sw = {"sample_weight": d["sw"]} if kind == "sample_weight" else {}
+    history = model.fit(d["x"], targets(d, kind), batch_size=GLOBAL_BATCH, epochs=epochs, shuffle=False, verbose=0,
+                        validation_data=(d["x_val"], targets(d, kind, "_val")), **sw, **(fit_kwargs or {}))
+    evaluation = model.evaluate(d["x_val"], targets(d, kind, "_val"), batch_size=GLOBAL_BATCH, verbose=0, return_dict=True)
+    prediction = model.predict(d["x_val"], batch_size=GLOBAL_BATCH, verbose=0)
+    return {
+        "weights": [w.tolist() for w in model.get_weights()],
+        "history": history.history,
+        "evaluate": {k: float(v) for k, v in evaluation.items()},
+        "predict": tf.nest.map_structure(lambda a: np.asarray(a).tolist(), prediction),
+    }
+
+
+def deltas(a, b):
+    """Max |delta| per quantity between two ``run`` results."""
+    from tests.parity import max_delta
+
+    return {k: max_delta(a[k], b[k]) for k in ("weights", "history", "evaluate", "predict")}
+
+
+def attempt(fn):
+    """``{"ok": result}`` or ``{"error": "Type: message"}``."""
+    try:
+        return {"ok": fn()}
+    except Exception as error:  # recorded for the test to assert on
+        return {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()[-3000:]}
+
+
+def mirrored():
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    import keras
+
+    import custom_fit
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    results = {"replicas": strategy.num_replicas_in_sync}
+    for kind in ("base", "sample_weight", "regularizers", "two_outputs"):
+        plain = run(keras.Model, kind, strategy)
+        custom = run(custom_fit.CustomModel, kind, strategy)
+        single = run(custom_fit.CustomModel, kind)
+        results[f"custom_vs_keras/{kind}"] = deltas(plain, custom)
+        results[f"mirrored_vs_single/{kind}"] = deltas(single, custom)
+        results[f"loss/{kind}"] = {"mirrored": custom["history"]["loss"], "single": single["history"]["loss"]}
+
+    # steps_per_execution: plain Keras fails, CustomModel equals steps_per_execution=1.
+    one = run(custom_fit.CustomModel, "base", strategy)
+    for spe in (2, 4):
+        fused = attempt(lambda: run(custom_fit.CustomModel, "base", strategy, steps_per_execution=spe))
+        results[f"spe/custom/{spe}"] = deltas(one, fused["ok"]) if "ok" in fused else fused
+    plain = attempt(lambda: run(keras.Model, "base", strategy, steps_per_execution=4))
+    results["spe/keras/4"] = {"error": plain.get("error", "")} if "error" in plain else {"ok": True}
+
+    # Clipping: Keras clips per replica; clip_after_aggregation matches one device.
+    clip = dict(optimizer=None)
+    for name, opt in {"global_clipnorm": dict(global_clipnorm=0.05), "clipnorm": dict(clipnorm=0.05), "clipvalue": dict(clipvalue=0.01)}.items():
+        def with_opt(base, strategy_, **extra):
+            kwargs = compile_kwargs("base", **extra)
+            kwargs["optimizer"] = keras.optimizers.SGD(0.5, **opt)
+            d = data()
+            keras.utils.set_random_seed(SEED)
+            with (strategy_.scope() if strategy_ else tf.distribute.get_strategy().scope()):
+                model = build(base, "base")
+                model.compile(**kwargs)
+            model.fit(d["x"], d["y"], batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=0)
+            return {"weights": [w.tolist() for w in model.get_weights()]}
+
+        single = with_opt(custom_fit.CustomModel, None)
+        per_replica = with_opt(custom_fit.CustomModel, strategy)
+        aggregated = with_opt(custom_fit.CustomModel, strategy, clip_after_aggregation=True)
+        keras_mirrored = with_opt(keras.Model, strategy)
+        from tests.parity import max_delta
+
+        results[f"clip/{name}"] = {
+            "per_replica_vs_single": max_delta(single["weights"], per_replica["weights"]),
+            "aggregated_vs_single": max_delta(single["weights"], aggregated["weights"]),
+            "keras_vs_custom_default": max_delta(keras_mirrored["weights"], per_replica["weights"]),
+        }
+    del clip
+    return results
+
+
+def worker(index: int, ports: list[int]):
+    """One of two ``MultiWorkerMirroredStrategy`` workers, training on its own shard."""
+    os.environ["TF_CONFIG"] = json.dumps({
+        "cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+        "task": {"type": "worker", "index": index},
+    })
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    import keras as _k; _k.config.disable_traceback_filtering()
+    import keras
+
+    import custom_fit
+
+    d = data()
+
+    def shard(context: tf.distribute.InputContext):
+        per_replica = context.get_per_replica_batch_size(GLOBAL_BATCH)
+        dataset = tf.data.Dataset.from_tensor_slices((d["x"], d["y"]))
+        return dataset.shard(context.num_input_pipelines, context.input_pipeline_id).batch(per_replica)
+
+    keras.utils.set_random_seed(SEED)
+    with strategy.scope():
+        model = build(custom_fit.CustomModel, "base")
+        model.compile(**compile_kwargs("base"))
+    if os.environ.get("CF_NUMPY"):
+        history = model.fit(d["x"], d["y"], batch_size=GLOBAL_BATCH, epochs=3, shuffle=False, verbose=0)
+    else:
+        history = model.fit(strategy.distribute_datasets_from_function(shard), epochs=3, steps_per_epoch=N_SAMPLES // GLOBAL_BATCH, verbose=0)
+    evaluation = model.evaluate(d["x_val"], d["y_val"], batch_size=GLOBAL_BATCH, verbose=0, return_dict=True)
+    return {
+        "evaluate": {k: float(v) for k, v in evaluation.items()},
+        "workers": strategy.cluster_resolver.cluster_spec().num_tasks("worker"),
+        "replicas": strategy.num_replicas_in_sync,
+        "weights": [w.tolist() for w in model.get_weights()],
+        "history": history.history,
+    }
+
+
+def single_process_reference():
+    """The same training as the workers', in one process on the global batch."""
+    import custom_fit
+
+    d = data()
+    import keras
+
+    keras.utils.set_random_seed(SEED)
+    model = build(custom_fit.CustomModel, "base")
+    model.compile(**compile_kwargs("base"))
+    history = model.fit(d["x"], d["y"], batch_size=GLOBAL_BATCH, epochs=3, shuffle=False, verbose=0)
+    evaluation = model.evaluate(d["x_val"], d["y_val"], batch_size=GLOBAL_BATCH, verbose=0, return_dict=True)
+    return {"weights": [w.tolist() for w in model.get_weights()], "history": history.history,
+            "evaluate": {k: float(v) for k, v in evaluation.items()}}
+
+
+def main(argv):
+    group, out = argv[0], argv[-1]
+    if group == "mirrored":
+        result = mirrored()
+    elif group == "worker":
+        result = worker(int(argv[1]), [int(p) for p in argv[2].split(",")])
+    elif group == "single":
+        result = single_process_reference()
+    else:
+        raise SystemExit(f"unknown group {group!r}; expected mirrored, worker or single")
+    with open(out, "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
