@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
 from typing import Any, Callable
 
 import keras
@@ -80,6 +81,9 @@ def train(
     """
     keras.utils.set_random_seed(seed)
     model = build(base)
+    compile_kwargs = dict(compile_kwargs)
+    if isinstance(compile_kwargs.get("optimizer"), types.FunctionType):  # a factory: one optimizer per run
+        compile_kwargs["optimizer"] = compile_kwargs["optimizer"]()
     model.compile(**compile_kwargs)
     recorder = BatchLogRecorder()
     kwargs = dict(fit_args())

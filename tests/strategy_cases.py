@@ -164,7 +164,6 @@ def worker(index: int, ports: list[int]):
         "task": {"type": "worker", "index": index},
     })
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    import keras as _k; _k.config.disable_traceback_filtering()
     import keras
 
     import custom_fit
@@ -180,12 +179,22 @@ def worker(index: int, ports: list[int]):
     with strategy.scope():
         model = build(custom_fit.CustomModel, "base")
         model.compile(**compile_kwargs("base"))
-    if os.environ.get("CF_NUMPY"):
-        history = model.fit(d["x"], d["y"], batch_size=GLOBAL_BATCH, epochs=3, shuffle=False, verbose=0)
-    else:
-        history = model.fit(strategy.distribute_datasets_from_function(shard), epochs=3, steps_per_epoch=N_SAMPLES // GLOBAL_BATCH, verbose=0)
+    history = model.fit(strategy.distribute_datasets_from_function(shard), epochs=3, steps_per_epoch=N_SAMPLES // GLOBAL_BATCH, verbose=0)
     evaluation = model.evaluate(d["x_val"], d["y_val"], batch_size=GLOBAL_BATCH, verbose=0, return_dict=True)
+
+    # The same with NumPy input (Keras shards it) and with plain keras.Model.
+    def numpy_fit(base):
+        keras.utils.set_random_seed(SEED)
+        with strategy.scope():
+            model = build(base, "base")
+            model.compile(**compile_kwargs("base"))
+        model.fit(d["x"], d["y"], batch_size=GLOBAL_BATCH, epochs=3, shuffle=False, verbose=0)
+        return [w.tolist() for w in model.get_weights()]
+
+    plain = attempt(lambda: numpy_fit(keras.Model))
     return {
+        "numpy_weights": numpy_fit(custom_fit.CustomModel),
+        "keras_model": {"error": plain["error"]} if "error" in plain else {"ok": True},
         "evaluate": {k: float(v) for k, v in evaluation.items()},
         "workers": strategy.cluster_resolver.cluster_spec().num_tasks("worker"),
         "replicas": strategy.num_replicas_in_sync,

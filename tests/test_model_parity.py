@@ -140,6 +140,10 @@ def cases(tmp_path_factory):
         "callbacks": (mlp, CLASSIFY, callbacks_case(tmp_path_factory), val),
         "jit_compile=True": (lambda b: mlp(b, bn_dropout=True), dict(CLASSIFY, jit_compile=True), arrays(), val),
         "run_eagerly=True": (lambda b: mlp(b, bn_dropout=True), dict(CLASSIFY, run_eagerly=True), arrays(), val),
+        "gradient_accumulation_steps=3 + clipnorm": (
+            mlp, dict(CLASSIFY, optimizer=keras.optimizers.Adam(gradient_accumulation_steps=3, clipnorm=0.1)), arrays(), val),
+        "global_clipnorm": (mlp, dict(CLASSIFY, optimizer=keras.optimizers.SGD(0.5, global_clipnorm=0.05)), arrays(), val),
+        "clipvalue": (mlp, dict(CLASSIFY, optimizer=keras.optimizers.RMSprop(clipvalue=0.01)), arrays(), val),
         "validation_split=0.2": (
             mlp, CLASSIFY,
             lambda: dict(x=DATA["x"], y=DATA["y"], batch_size=BATCH, epochs=EPOCHS, shuffle=False, validation_split=0.2),
@@ -154,6 +158,9 @@ CASE_NAMES = list(cases(None))
 @pytest.mark.parametrize("case", CASE_NAMES)
 def test_custom_model_matches_keras_model(case, seed, tmp_path_factory):
     build, compile_kwargs, fit_args, eval_args = cases(tmp_path_factory)[case]
+    if isinstance(compile_kwargs["optimizer"], keras.optimizers.Optimizer):  # one instance per run
+        optimizer = compile_kwargs["optimizer"]
+        compile_kwargs = dict(compile_kwargs, optimizer=lambda: optimizer.from_config(optimizer.get_config()))
     reference = parity.train(build, keras.Model, seed=seed, compile_kwargs=compile_kwargs, fit_args=fit_args, eval_args=eval_args)
     candidate = parity.train(build, custom_fit.CustomModel, seed=seed, compile_kwargs=compile_kwargs, fit_args=fit_args, eval_args=eval_args)
     assert isinstance(candidate.model, custom_fit.CustomModel)
@@ -239,3 +246,23 @@ def test_parity_runs_actually_train(seed):
     assert run.history["loss"][-1] < run.history["loss"][0]
     assert sorted(run.history) == ["accuracy", "loss", "val_accuracy", "val_loss"]
     assert len([1 for kind, _, _ in run.batch_logs if kind == "train"]) == EPOCHS * 7
+
+
+@pytest.fixture
+def mixed_float16():
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def test_mixed_precision_matches_keras_model(seed, mixed_float16):
+    """Under mixed_float16 the step scales the loss exactly like keras.Model's."""
+    val = lambda: dict(x=DATA["x_val"], y=DATA["y_val"], batch_size=BATCH)  # noqa: E731
+    reference = parity.train(mlp, keras.Model, seed=seed, compile_kwargs=CLASSIFY, fit_args=arrays(), eval_args=val)
+    candidate = parity.train(mlp, custom_fit.CustomModel, seed=seed, compile_kwargs=CLASSIFY, fit_args=arrays(), eval_args=val)
+    assert candidate.model.compute_dtype == "float16"
+    assert isinstance(candidate.model.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert float(candidate.model.optimizer.dynamic_scale) == float(reference.model.optimizer.dynamic_scale) > 1
+    parity.assert_same("Model: mixed_float16", reference, candidate)

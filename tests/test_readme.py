@@ -15,7 +15,7 @@ import custom_fit
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
-QUICKSTART, STEP, EXAMPLES, KERAS2 = BLOCKS
+QUICKSTART, STEP, EXAMPLES, KERAS2, SCALING = BLOCKS
 
 
 def test_quick_start_runs(tmp_path, monkeypatch, capsys):
@@ -59,3 +59,9 @@ def test_readme_examples_train(name):
     if name == "TwoOptimizers":
         assert history.history["loss"][0] > 0 and "mae" in history.history
         assert int(model.head_optimizer.iterations) == int(model.optimizer.iterations) == 8
+
+
+def test_scaling_snippet_uses_real_arguments():
+    """The snippet needs a strategy (run by tests/test_distribute.py); here: it parses, and its options exist."""
+    compile(SCALING, "README scaling out", "exec")
+    assert "clip_after_aggregation" in inspect.signature(custom_fit.CustomModel.compile).parameters
