@@ -12,8 +12,18 @@ Example:
     >>> _ = model.fit(np.zeros((4, 2)), np.zeros((4, 1)), verbose=0)
 """
 
+from custom_fit import gan
 from custom_fit.compiled import CompiledLoss, CompiledMetrics
-from custom_fit.model import CustomModel, CustomSequential, MissingGradientWarning
+from custom_fit.gan import GAN
+from custom_fit.losses import batch_mean, regularization_loss
+from custom_fit.model import (
+    CustomModel,
+    CustomSequential,
+    MissingGradientWarning,
+    UnusedOptimizerWarning,
+    UnusedRegularizationWarning,
+)
+from custom_fit.optimizers import NamedOptimizers
 
 __version__ = "0.1.0"
 
@@ -22,6 +32,13 @@ __all__ = [
     "CompiledMetrics",
     "CustomModel",
     "CustomSequential",
+    "GAN",
     "MissingGradientWarning",
+    "NamedOptimizers",
+    "UnusedOptimizerWarning",
+    "UnusedRegularizationWarning",
     "__version__",
+    "batch_mean",
+    "gan",
+    "regularization_loss",
 ]

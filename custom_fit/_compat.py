@@ -20,6 +20,7 @@ import tensorflow as tf
 from keras.src.backend.tensorflow import trainer as _tf_trainer
 from keras.src.losses import loss as _loss_module
 from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
+from keras.src.trainers import compile_utils as _compile_utils
 from keras.src.models import functional as _functional
 from keras.src.models import model as _model
 from keras.src.saving import object_registration as _registration
@@ -49,6 +50,16 @@ def forward(model: keras.Model, x: Any, training: bool):
     if call_accepts_training(model):
         return model(x, training=training)
     return model(x)
+
+
+def is_scalar(value: Any) -> bool:
+    """Whether ``value`` is a Python number or a rank-0 tensor."""
+    return isinstance(value, (int, float)) or (hasattr(value, "shape") and len(value.shape) == 0)
+
+
+def scale_loss_for_distribution(loss):
+    """Multiplies by ``1 / num_replicas`` under ``tf.distribute``, as every Keras loss does."""
+    return _loss_module.scale_loss_for_distribution(loss)
 
 
 def batch_size_of(x: Any) -> tf.Tensor:
@@ -111,6 +122,32 @@ def compiled_loss_trackers(model: keras.Model) -> list:
 def loss_tracker(model: keras.Model):
     """The ``Mean`` metric named ``"loss"`` that ``compile()`` creates."""
     return model._loss_tracker
+
+
+class LoggedValues(_compile_utils.MetricsList):
+    """One batch-size weighted ``Mean`` per logged value, held in Keras' ``MetricsList``.
+
+    ``EarlyStopping``, ``ModelCheckpoint`` and ``ReduceLROnPlateau`` infer
+    ``mode`` only for metrics inside a ``MetricsList`` (or the compiled
+    metrics) that carry a ``_direction``; names ending in ``loss`` or
+    ``penalty`` get ``"down"``, so ``monitor="g_loss"`` needs no ``mode``.
+    """
+
+    def __init__(self, names):
+        trackers = [keras.metrics.Mean(name=name) for name in names]
+        for tracker in trackers:
+            if tracker.name.endswith(("loss", "penalty")):
+                tracker._direction = "down"
+        super().__init__(trackers, name="logged_values")
+
+    def __getitem__(self, name: str):
+        return next(m for m in self.metrics if m.name == name)
+
+    def __contains__(self, name: object) -> bool:
+        return any(m.name == name for m in self.metrics)
+
+    def result(self) -> dict:
+        return {m.name: m.result() for m in self.metrics}
 
 
 def unscale_loss_for_distribution(loss):
@@ -333,6 +370,16 @@ def loss_scaled(model: keras.Model, optimizer):
     if optimizer not in _loss_scaled_twins:
         _loss_scaled_twins[optimizer] = LossScaleOptimizer(optimizer, name=f"{optimizer.name}_loss_scale")
     return _loss_scaled_twins[optimizer]
+
+
+def set_untracked(obj: Any, name: str, value: Any) -> None:
+    """Sets an attribute that neither Keras' tracker nor TF checkpointing follows.
+
+    Keras layers and optimizers (and TensorFlow's ``AutoTrackable``) turn
+    attributes into tracked state; bookkeeping such as references to layers
+    or lists of variables must not become part of what is saved.
+    """
+    object.__setattr__(obj, name, value)
 
 
 def variable_name(variable) -> str:

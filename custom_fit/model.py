@@ -19,15 +19,18 @@ Override points, in the order ``train_step`` calls them:
 
 from __future__ import annotations
 
+import inspect
+import threading
 import warnings
 import weakref
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence
 
 import keras
 import tensorflow as tf
 
 from custom_fit import _compat
 from custom_fit.compiled import CompiledLoss, CompiledMetrics
+from custom_fit.optimizers import NamedOptimizers
 
 GradsAndVars = list[tuple[Any, Any]]
 
@@ -43,6 +46,20 @@ class MissingGradientWarning(UserWarning):
     category=custom_fit.MissingGradientWarning)`` when that is intended.
     """
 
+
+class UnusedOptimizerWarning(UserWarning):
+    """A named optimizer given to ``compile()`` is never used by the training step."""
+
+
+class UnusedRegularizationWarning(UserWarning):
+    """Variables with regularizers were updated, but their penalties were never computed.
+
+    Keras adds ``model.losses`` only in ``compute_loss``; a multi-loss step
+    must add ``sum(sub_model.losses)`` to the losses it minimizes itself.
+    """
+
+
+_DEFAULT_OPTIMIZER = "rmsprop"  # keras.Model.compile's default
 
 # Which sets of gradient-less variables were already reported, per model. A weak
 # mapping outside the model, because attributes set on a built Keras layer are
@@ -100,11 +117,33 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
     # Configuration
     # ------------------------------------------------------------------
 
-    def compile(self, *args: Any, clip_after_aggregation: bool = False, **kwargs: Any) -> None:
-        """Configures the model for training: ``keras.Model.compile`` plus one option.
+    #: Names of the values a custom step reports with :meth:`log_values`
+    #: (e.g. ``("d_loss", "g_loss")``). ``compile()`` creates one batch-size
+    #: weighted ``Mean`` per name; they appear in ``History``, the progress bar
+    #: and callbacks (``val_`` prefixed in validation) as epoch means. Names
+    #: ending in ``loss`` or ``penalty`` are "lower is better" for callbacks
+    #: that monitor them (``EarlyStopping(monitor="g_loss")`` needs no ``mode``).
+    logged_values: ClassVar[Sequence[str]] = ()
+
+    def compile(
+        self,
+        optimizer: Any = "__default__",
+        *args: Any,
+        clip_after_aggregation: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        """Configures the model for training: ``keras.Model.compile`` plus named optimizers.
 
         Args:
-            *args: As for ``keras.Model.compile`` (``optimizer``, ``loss``, ...).
+            optimizer: As for ``keras.Model.compile`` (default ``"rmsprop"``),
+                or a dict ``{name: optimizer}`` of several optimizers, e.g.
+                ``{"generator": "adam", "discriminator": "adam"}``; then
+                ``model.optimizer[name]`` is each one and a step selects it
+                with ``minimize(..., optimizer=name)``. A member named like a
+                sub-layer attribute (``self.generator``) is built on that
+                layer's trainable variables. Under ``mixed_float16`` every
+                member is wrapped for loss scaling.
+            *args: As for ``keras.Model.compile`` (``loss``, ...).
             clip_after_aggregation: Under a multi-replica ``tf.distribute``
                 strategy, sum the gradients across replicas *before*
                 :meth:`transform_gradients` and the optimizer's ``clipnorm``,
@@ -114,26 +153,52 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
                 ``False``, keeps that). Without a strategy it changes nothing.
             **kwargs: As for ``keras.Model.compile``.
 
+        A subclass that overrides ``compile`` with its own signature (the
+        keras.io GAN pattern) and calls ``super().compile()`` without an
+        optimizer gets no optimizer rather than a stray default RMSprop.
+
         Example:
             >>> import keras, custom_fit
             >>> model = custom_fit.CustomSequential([keras.Input((3,)), keras.layers.Dense(1)])
             >>> model.compile(optimizer=keras.optimizers.SGD(global_clipnorm=1.0),
             ...               loss="mse", clip_after_aggregation=True)
         """
-        super().compile(*args, **kwargs)
+        if optimizer == "__default__":
+            optimizer = None if self._compile_overridden() else _DEFAULT_OPTIMIZER
+        named = isinstance(optimizer, Mapping)
+        if named:
+            optimizer = NamedOptimizers(optimizer)
+        if isinstance(optimizer, NamedOptimizers):
+            optimizer.set_owners({name: getattr(self, name, None) for name in optimizer})
+            if self.dtype_policy.name == "mixed_float16" and kwargs.get("auto_scale_loss", True):
+                optimizer.wrap_for_loss_scaling()
+            kwargs["auto_scale_loss"] = False  # members are wrapped, not the group
+        super().compile(optimizer, *args, **kwargs)
+        names = [name for name in self.logged_values if name != "loss"]
+        _compat.set_untracked(self, "_value_trackers", _compat.LoggedValues(names) if names else None)
         self.clip_after_aggregation = bool(clip_after_aggregation)
         if clip_after_aggregation:
             self._compile_config.config["clip_after_aggregation"] = True
 
     def compile_from_config(self, config: dict) -> None:
         """Re-runs :meth:`compile` from :meth:`get_compile_config` (used by ``load_model``)."""
-        if type(self).compile is not CustomModel.compile:
-            # A subclass with its own compile() signature: Keras' behaviour
-            # (a warning that compile() must be called after loading).
+        config = keras.saving.deserialize_keras_object(config)
+        try:
+            inspect.signature(self.compile).bind(**config)
+        except TypeError:
+            # A compile() with a signature of its own (e.g. the keras.io GAN's
+            # `compile(d_optimizer, g_optimizer, loss_fn)`): Keras' behaviour,
+            # a warning that compile() must be called after loading.
             return super().compile_from_config(config)
-        self.compile(**keras.saving.deserialize_keras_object(config))
+        self.compile(**config)
         if self.optimizer is not None and self.built:
             self.optimizer.build(self.trainable_variables)
+
+    def _compile_overridden(self) -> bool:
+        """Whether a subclass replaced ``compile`` (and may call ours without an optimizer)."""
+        return any(
+            "compile" in vars(cls) for cls in type(self).__mro__[: type(self).__mro__.index(CustomModel)]
+        )
 
     # ------------------------------------------------------------------
     # The three steps
@@ -226,8 +291,12 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
             ...         self.minimize(loss, tape, self.trainable_weights)
             ...         return {"loss": loss}
         """
+        name = optimizer if isinstance(optimizer, str) else None
         optimizer = self._resolve_optimizer(optimizer)
         variables = list(variables)
+        if name is not None:
+            self._prepare_named_optimizer(name, variables)
+        _trace_records().minimized.update(id(v) for v in variables)
         if not variables:
             warnings.warn(
                 f"{type(self).__name__}.minimize() received no variables to "
@@ -320,6 +389,94 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
         return CompiledMetrics(self)
 
     # ------------------------------------------------------------------
+    # Reported values and metrics
+    # ------------------------------------------------------------------
+
+    def log_values(self, batch: Any, **values: Any) -> None:
+        """Adds this batch's named values to their epoch means (see :attr:`logged_values`).
+
+        Call it from a custom ``train_step`` / ``test_step``; return
+        ``self.get_metrics_result()`` from the step. Each value is averaged
+        over the epoch weighted by batch size, reset every epoch and at the
+        start of ``evaluate``, and correct under ``steps_per_execution`` and
+        ``tf.distribute`` (values follow Keras' loss convention, scaled by
+        ``1 / num_replicas`` as :func:`custom_fit.batch_mean` returns them, and
+        are unscaled here). ``loss=`` updates Keras' own ``loss`` tracker.
+
+        Args:
+            batch: The batch's inputs (any structure) or its size.
+            **values: Scalar tensors, by name; each name must be in
+                :attr:`logged_values`.
+
+        Example:
+            >>> import tensorflow as tf, custom_fit
+            >>> class TwoLosses(custom_fit.CustomModel):
+            ...     logged_values = ("mse", "mae")
+            ...     def train_step(self, data):
+            ...         x, y = data
+            ...         with tf.GradientTape() as tape:
+            ...             y_pred = self(x, training=True)
+            ...             mse = custom_fit.batch_mean(tf.square(y_pred - y))
+            ...             mae = custom_fit.batch_mean(tf.abs(y_pred - y))
+            ...         self.minimize(mse, tape, self.trainable_weights)
+            ...         self.log_values(x, mse=mse, mae=mae)
+            ...         return self.get_metrics_result()
+        """
+        if not self.compiled:
+            raise ValueError(
+                f"log_values() needs a compiled model: expected `compile()` to have "
+                f"created trackers for {list(self.logged_values)}; model '{self.name}' "
+                "was not compiled. Fix: call `model.compile(...)` first."
+            )
+        batch_size = batch if _compat.is_scalar(batch) else _compat.batch_size_of(batch)
+        trackers = self._value_trackers
+        for name, value in values.items():
+            declared = name in self.logged_values
+            if not declared:
+                raise ValueError(
+                    f"log_values() received {name!r}, which is not in "
+                    f"{type(self).__name__}.logged_values = {tuple(self.logged_values)}. "
+                    f"Expected only declared names. Fix: add {name!r} to `logged_values` "
+                    "(a class attribute) before compile()."
+                )
+            tracker = _compat.loss_tracker(self) if name == "loss" else trackers[name]
+            tracker.update_state(_compat.unscale_loss_for_distribution(value), sample_weight=batch_size)
+
+    @property
+    def metrics(self) -> list:
+        """Keras' metrics, plus one tracker per :attr:`logged_values` name after ``loss``.
+
+        A model that declares ``logged_values`` and compiles no loss has no
+        ``loss`` entry (it would always read 0).
+        """
+        metrics = super().metrics
+        if not self.logged_values or not self.compiled:
+            return metrics
+        loss_tracker = _compat.loss_tracker(self)
+        keep_loss = _compat.has_compiled_loss(self) or "loss" in self.logged_values
+        head = [loss_tracker] if keep_loss and loss_tracker in metrics else []
+        trackers = [self._value_trackers] if self._value_trackers is not None else []
+        return head + trackers + [m for m in metrics if m is not loss_tracker]
+
+    def get_metrics_result(self) -> dict:
+        """The current value of every metric, as a flat dict.
+
+        Unlike ``keras.Model``, compiled metrics that no step updated yet are
+        left out instead of raising "Cannot get result() since the metric has
+        not yet been built".
+        """
+        results = {}
+        for metric in self.metrics:
+            if metric is _compat.compiled_metrics_container(self) and not metric.built:
+                continue
+            result = metric.result()
+            if isinstance(result, dict):
+                results.update(result)
+            else:
+                results[metric.name] = result
+        return results
+
+    # ------------------------------------------------------------------
     # Saving
     # ------------------------------------------------------------------
 
@@ -348,10 +505,55 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
     # ------------------------------------------------------------------
 
     def make_train_function(self, force: bool = False) -> Callable:
-        """Builds ``self.train_function`` around :meth:`train_step` (logs flattened)."""
+        """Builds ``self.train_function`` around :meth:`train_step` (logs flattened).
+
+        Each trace of the step also checks how it used the model: named
+        optimizers never used (:class:`UnusedOptimizerWarning`) and
+        regularized variables updated without their penalties
+        (:class:`UnusedRegularizationWarning`).
+        """
         if self.train_function is None or force:
-            self.train_function = _compat.make_step_function(self, _flat_logs(self.train_step))
+            self.train_function = _compat.make_step_function(self, _flat_logs(self._checked_train_step))
         return self.train_function
+
+    def _checked_train_step(self, data: Any) -> Any:
+        """:meth:`train_step`, recording which optimizers and variables it used."""
+        records = _trace_records()
+        records.used_optimizers, records.minimized = set(), set()
+        regularized = _count_regularizer_calls(self) if type(self).train_step is not CustomModel.train_step else {}
+        calls_before = {key: r.calls for key, r in regularized.items()}
+        logs = self.train_step(data)
+        if isinstance(self.optimizer, NamedOptimizers):
+            self.optimizer.iterations.assign_add(1)  # the group counts training steps
+            unused = [n for n in self.optimizer if n not in records.used_optimizers]
+            if unused:
+                self._warn_once(
+                    UnusedOptimizerWarning,
+                    f"{type(self).__name__} '{self.name}' was compiled with optimizers "
+                    f"{sorted(self.optimizer)}, but its train_step never used {unused}. "
+                    "Expected every named optimizer to update something; their state is "
+                    f"saved but never changes. Fix: call self.minimize(..., optimizer={unused[0]!r}) "
+                    "in the step, or leave that name out of compile(optimizer={...}).",
+                )
+        skipped = [key for key, r in regularized.items() if key in records.minimized and r.calls == calls_before[key]]
+        if skipped:
+            owners = _top_level_owners(self, skipped)
+            self._warn_once(
+                UnusedRegularizationWarning,
+                f"{type(self).__name__} '{self.name}': train_step updated regularized "
+                f"variables of {owners} without computing their regularization losses. "
+                "Expected `sum(layer.losses)` to be added to the loss minimized for those "
+                "variables (Keras adds `model.losses` only in compute_loss). Fix: inside "
+                f"the tape, add the penalties of '{owners[0]}' to its loss, e.g. "
+                "`loss = loss + custom_fit.regularization_loss(sub_model)`.",
+            )
+        return logs
+
+    def _warn_once(self, category: type, message: str) -> None:
+        warned = _reported_missing_gradients.setdefault(self, set())
+        if category not in warned:
+            warned.add(category)
+            warnings.warn(message, category, stacklevel=3)
 
     def make_test_function(self, force: bool = False) -> Callable:
         """Builds ``self.test_function`` around :meth:`test_step` (logs flattened)."""
@@ -393,6 +595,16 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
         if isinstance(optimizer, keras.optimizers.Optimizer):
             return _compat.loss_scaled(self, optimizer)
         compiled = getattr(self, "optimizer", None)
+        if isinstance(compiled, NamedOptimizers):
+            if optimizer in compiled:
+                return compiled[optimizer]
+            raise ValueError(
+                f"{type(self).__name__}.minimize() received optimizer={optimizer!r}; "
+                f"this model was compiled with named optimizers {sorted(compiled)}. "
+                "Expected one of those names (or an optimizer instance). Fix: pass "
+                f"optimizer={sorted(compiled)[0]!r}, or add {optimizer!r} to the dict "
+                "given to compile(optimizer={...})."
+            )
         if optimizer is None and compiled is not None:
             return compiled
         if optimizer is None:
@@ -403,6 +615,8 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
                 "or pass `optimizer=` an optimizer instance."
             )
         compiled_name = type(compiled).__name__ if compiled is not None else "none"
+        if isinstance(optimizer, str):
+            compiled_name += "; name optimizers with compile(optimizer={name: ...})"
         raise ValueError(
             f"{type(self).__name__}.minimize() received optimizer={optimizer!r}, "
             f"which names no optimizer of this model (compiled optimizer: "
@@ -410,6 +624,28 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
             "`keras.optimizers.Optimizer` instance. Fix: omit `optimizer=` or "
             "pass the optimizer object itself."
         )
+
+    def _prepare_named_optimizer(self, name: str, variables: list) -> None:
+        """Builds named optimizer ``name`` if needed and checks it owns ``variables``."""
+        group = self.optimizer
+        if not group.built:
+            group.build(self.trainable_variables)
+        known = group.member_variables(name)
+        if not known:
+            group.build_member(name, variables)
+        else:
+            known_ids = {id(v) for v in known}
+            unknown = [_compat.variable_name(v) for v in variables if id(v) not in known_ids]
+            if unknown:
+                raise ValueError(
+                    f"minimize(..., optimizer={name!r}) received variables the {name!r} "
+                    f"optimizer does not update: {unknown}. Expected the variables it "
+                    f"was built with ({len(known)} variables, e.g. "
+                    f"{[_compat.variable_name(v) for v in known[:3]]}). Fix: pass the "
+                    f"same variables every step (e.g. self.{name}.trainable_weights), or "
+                    "compile another named optimizer for these variables."
+                )
+        _trace_records().used_optimizers.add(name)
 
     def _drop_missing_gradients(
         self, gradients: Sequence[Any], variables: Sequence[Any], optimizer: Any
@@ -459,6 +695,54 @@ class CustomSequential(CustomModel, keras.Sequential):
         >>> model.fit(np.ones((8, 4)), np.zeros((8, 1)), verbose=0).history["loss"][0] > 0
         True
     """
+
+
+def _trace_records() -> threading.local:
+    """What the step traced in this thread used (replicas trace in threads of their own)."""
+    if not hasattr(_records, "used_optimizers"):
+        _records.used_optimizers, _records.minimized = set(), set()
+    return _records
+
+
+_records = threading.local()
+
+
+class _CountingRegularizer:
+    """Wraps a variable's regularizer and counts how often the penalty is computed."""
+
+    def __init__(self, regularizer: Callable):
+        self.regularizer = regularizer
+        self.calls = 0
+
+    def __call__(self, x):
+        self.calls += 1
+        return self.regularizer(x)
+
+
+def _count_regularizer_calls(model: keras.Model) -> dict:
+    """``{id(variable): counter}`` for every regularized trainable variable of ``model``.
+
+    Keras computes a weight penalty by calling ``variable.regularizer`` when
+    ``layer.losses`` is read; counting those calls while the step is traced
+    tells whether the step computed it at all.
+    """
+    counters = {}
+    for variable in model.trainable_variables:
+        if variable.regularizer is None:
+            continue
+        if not isinstance(variable.regularizer, _CountingRegularizer):
+            variable.regularizer = _CountingRegularizer(variable.regularizer)
+        counters[id(variable)] = variable.regularizer
+    return counters
+
+
+def _top_level_owners(model: keras.Model, variable_ids: list) -> list[str]:
+    """Names of the direct sub-layers (or the model) owning the given variables."""
+    wanted, owners = set(variable_ids), []
+    for layer in model.layers:
+        if any(id(v) in wanted for v in layer.trainable_variables):
+            owners.append(layer.name)
+    return owners or [model.name]
 
 
 def _flat_logs(step: Callable[[Any], Any]) -> Callable[[Any], Any]:

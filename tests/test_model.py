@@ -217,7 +217,7 @@ def test_minimize_with_unknown_optimizer_name():
 
     model = functional(Named)
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
-    with pytest.raises(ValueError, match=r"received optimizer='generator', which names no optimizer of this model \(compiled optimizer: Adam\)\. Expected `None`.*Fix: omit"):
+    with pytest.raises(ValueError, match=r"received optimizer='generator', which names no optimizer of this model \(compiled optimizer: Adam; name optimizers with compile\(optimizer=\{name: ...\}\)\)\. Expected `None`.*Fix: omit"):
         model.fit(X, Y, verbose=0)
 
 

@@ -1,0 +1,319 @@
+"""``GAN``: a generative adversarial network trained with ``fit()``.
+
+Built on :class:`custom_fit.CustomModel`: two named optimizers
+(``"generator"``, ``"discriminator"``), losses reported as epoch means
+(``d_loss``, ``g_loss``, and ``gradient_penalty`` for WGAN-GP), a seeded noise
+generator whose state is saved with the model, and :meth:`GAN.generate` for
+samples. Override one piece to change it: :meth:`GAN.discriminator_loss`,
+:meth:`GAN.generator_loss`, :meth:`GAN.gradient_penalty`,
+:meth:`GAN.train_discriminator` or :meth:`GAN.train_generator`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import keras
+import numpy as np
+import tensorflow as tf
+from keras import ops
+
+from custom_fit.losses import batch_mean, regularization_loss
+from custom_fit.model import CustomModel
+
+LOSSES = ("bce", "hinge", "wgan-gp")
+
+
+@keras.saving.register_keras_serializable(package="custom_fit")
+class GAN(CustomModel):
+    """A GAN from a generator and a discriminator, trained by ``fit(real_data)``.
+
+    ``fit`` takes real samples ``x`` (and class labels ``y`` when
+    ``num_classes`` is set). Each step trains the discriminator
+    ``discriminator_steps`` times on the batch with fresh noise, then the
+    generator once.
+
+    Args:
+        generator: A built model mapping noise ``(batch, latent_dim)`` (and,
+            when conditional, integer labels ``(batch,)`` as a second input)
+            to samples.
+        discriminator: A built model mapping samples (and labels) to one
+            logit per sample (no sigmoid).
+        latent_dim: Size of the noise vector.
+        loss: ``"bce"`` (non-saturating), ``"hinge"`` or ``"wgan-gp"``.
+        discriminator_steps: Discriminator (critic) updates per generator
+            update; default 5 for ``"wgan-gp"``, else 1.
+        gradient_penalty_weight: Weight of the WGAN-GP gradient penalty.
+        num_classes: Number of classes for a conditional GAN, else ``None``.
+        seed: Seed of the noise generator (its state is saved with the model).
+        **kwargs: Passed to ``keras.Model`` (e.g. ``name``).
+
+    Example:
+        >>> import numpy as np, keras, custom_fit
+        >>> generator = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+        >>> discriminator = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        >>> gan = custom_fit.GAN(generator, discriminator, latent_dim=4, seed=0)
+        >>> gan.compile()  # Adam(2e-4, beta_1=0.5) for both
+        >>> history = gan.fit(np.random.default_rng(0).normal(size=(64, 2)), epochs=1, verbose=0)
+        >>> sorted(history.history)
+        ['d_loss', 'g_loss']
+        >>> gan.generate(3).shape
+        (3, 2)
+    """
+
+    logged_values = ("d_loss", "g_loss")
+
+    def __init__(
+        self,
+        generator: keras.Model,
+        discriminator: keras.Model,
+        latent_dim: int,
+        loss: str = "bce",
+        discriminator_steps: int | None = None,
+        gradient_penalty_weight: float = 10.0,
+        num_classes: int | None = None,
+        seed: int | None = None,
+        **kwargs: Any,
+    ):
+        super().__init__(**kwargs)
+        if loss not in LOSSES:
+            raise ValueError(f"GAN loss must be one of {LOSSES}, received loss={loss!r}. Fix: pick one of those.")
+        for role, model in (("generator", generator), ("discriminator", discriminator)):
+            if not isinstance(model, keras.Model) or not model.built:
+                raise ValueError(
+                    f"GAN expected a built keras.Model as {role}, received "
+                    f"{type(model).__name__}{' (not built)' if isinstance(model, keras.Layer) else ''}. "
+                    "Fix: build it with an Input, e.g. keras.Sequential([keras.Input(shape), ...]) "
+                    "or a functional model."
+                )
+        self.generator = generator
+        self.discriminator = discriminator
+        self.latent_dim = int(latent_dim)
+        self.loss_name = loss
+        self.discriminator_steps = int(discriminator_steps or (5 if loss == "wgan-gp" else 1))
+        self.gradient_penalty_weight = float(gradient_penalty_weight)
+        self.num_classes = num_classes
+        self.seed = seed
+        self.noise_generator = keras.random.SeedGenerator(seed)
+        if loss == "wgan-gp":
+            self.logged_values = ("d_loss", "g_loss", "gradient_penalty")
+        self.built = True
+
+    # -- configuration -------------------------------------------------------
+
+    def compile(self, optimizer: Any = None, **kwargs: Any) -> None:
+        """``CustomModel.compile`` with GAN defaults.
+
+        Args:
+            optimizer: ``{"generator": ..., "discriminator": ...}``; default
+                ``Adam(2e-4, beta_1=0.5)`` for both (``Adam(1e-4, beta_1=0.0,
+                beta_2=0.9)`` for ``"wgan-gp"``).
+            **kwargs: As for :meth:`CustomModel.compile`.
+        """
+        if optimizer is None:
+            settings = dict(learning_rate=1e-4, beta_1=0.0, beta_2=0.9) if self.loss_name == "wgan-gp" else dict(learning_rate=2e-4, beta_1=0.5)
+            optimizer = {role: keras.optimizers.Adam(**settings) for role in ("generator", "discriminator")}
+        super().compile(optimizer=optimizer, **kwargs)
+
+    def get_config(self) -> dict:
+        return {
+            "name": self.name,
+            "generator": keras.saving.serialize_keras_object(self.generator),
+            "discriminator": keras.saving.serialize_keras_object(self.discriminator),
+            "latent_dim": self.latent_dim,
+            "loss": self.loss_name,
+            "discriminator_steps": self.discriminator_steps,
+            "gradient_penalty_weight": self.gradient_penalty_weight,
+            "num_classes": self.num_classes,
+            "seed": self.seed,
+        }
+
+    @classmethod
+    def from_config(cls, config: dict, custom_objects=None) -> "GAN":
+        config = dict(config)
+        for role in ("generator", "discriminator"):
+            config[role] = keras.saving.deserialize_keras_object(config[role], custom_objects=custom_objects)
+        return cls(**config)
+
+    # -- forward -------------------------------------------------------------
+
+    def call(self, inputs: Any, training: bool = False):
+        """Generates samples from noise (``[noise, labels]`` when conditional)."""
+        return self.generator(inputs, training=training)
+
+    def sample_noise(self, batch_size: Any):
+        """Noise for ``batch_size`` samples from the seeded generator.
+
+        Under ``tf.distribute`` every replica draws the noise of the whole
+        global batch (same seed state) and keeps its own slice, so training
+        matches one device that draws the global batch at once.
+        """
+        context = tf.distribute.get_replica_context()
+        replicas = context.num_replicas_in_sync if context is not None else 1
+        if replicas == 1:
+            return keras.random.normal((batch_size, self.latent_dim), seed=self.noise_generator)
+        noise = keras.random.normal((batch_size * replicas, self.latent_dim), seed=self.noise_generator)
+        start = context.replica_id_in_sync_group * batch_size
+        return noise[start : start + batch_size]
+
+    def _generator_inputs(self, noise, labels):
+        return noise if self.num_classes is None else [noise, labels]
+
+    def _discriminate(self, samples, labels, training: bool):
+        inputs = samples if self.num_classes is None else [samples, labels]
+        return ops.cast(self.discriminator(inputs, training=training), "float32")
+
+    # -- losses --------------------------------------------------------------
+
+    def discriminator_loss(self, real_logits, fake_logits):
+        """The discriminator's (critic's) loss from its logits on real and generated samples."""
+        if self.loss_name == "bce":
+            return batch_mean(ops.softplus(-real_logits)) + batch_mean(ops.softplus(fake_logits))
+        if self.loss_name == "hinge":
+            return batch_mean(ops.relu(1.0 - real_logits)) + batch_mean(ops.relu(1.0 + fake_logits))
+        return batch_mean(fake_logits) - batch_mean(real_logits)
+
+    def generator_loss(self, fake_logits):
+        """The generator's loss from the discriminator's logits on generated samples."""
+        if self.loss_name == "bce":  # non-saturating: -log(sigmoid(fake))
+            return batch_mean(ops.softplus(-fake_logits))
+        return -batch_mean(fake_logits)
+
+    def gradient_penalty(self, real, fake, labels):
+        """WGAN-GP penalty: mean of (||d critic / d x|| - 1)^2 at points between real and fake.
+
+        Computed with a tape nested inside the discriminator's tape, so the
+        update differentiates through it (a second-order gradient).
+        """
+        shape = [ops.shape(real)[0]] + [1] * (len(real.shape) - 1)
+        alpha = keras.random.uniform(shape, seed=self.noise_generator)
+        between = real + alpha * (ops.cast(fake, real.dtype) - real)
+        with tf.GradientTape() as tape:
+            tape.watch(between)
+            logits = self._discriminate(between, labels, training=True)
+        grads = tape.gradient(logits, between)
+        norm = ops.sqrt(ops.sum(ops.square(grads), axis=list(range(1, len(grads.shape)))) + 1e-12)
+        return batch_mean(ops.square(norm - 1.0))
+
+    # -- steps ---------------------------------------------------------------
+
+    def train_discriminator(self, real, labels=None):
+        """One discriminator update; returns ``(d_loss, gradient_penalty)``."""
+        batch_size = ops.shape(real)[0]
+        fake = self.generator(self._generator_inputs(self.sample_noise(batch_size), labels), training=True)
+        with tf.GradientTape() as tape:
+            real_logits = self._discriminate(real, labels, training=True)
+            fake_logits = self._discriminate(fake, labels, training=True)
+            d_loss = self.discriminator_loss(real_logits, fake_logits)
+            penalty = ops.zeros(())
+            if self.loss_name == "wgan-gp":
+                penalty = self.gradient_penalty(real, fake, labels)
+                d_loss = d_loss + self.gradient_penalty_weight * penalty
+            d_loss = d_loss + regularization_loss(self.discriminator)
+        self.minimize(d_loss, tape, self.discriminator.trainable_weights, optimizer="discriminator")
+        return d_loss, penalty
+
+    def train_generator(self, batch_size, labels=None):
+        """One generator update; returns ``g_loss``."""
+        with tf.GradientTape() as tape:
+            fake = self.generator(self._generator_inputs(self.sample_noise(batch_size), labels), training=True)
+            g_loss = self.generator_loss(self._discriminate(fake, labels, training=True))
+            g_loss = g_loss + regularization_loss(self.generator)
+        self.minimize(g_loss, tape, self.generator.trainable_weights, optimizer="generator")
+        return g_loss
+
+    def train_step(self, data: Any) -> dict:
+        """Discriminator update(s), then a generator update; logs epoch means."""
+        real, labels = self._unpack_real(data)
+        for _ in range(self.discriminator_steps):
+            d_loss, penalty = self.train_discriminator(real, labels)
+        g_loss = self.train_generator(ops.shape(real)[0], labels)
+        self._log(real, d_loss, g_loss, penalty)
+        return self.get_metrics_result()
+
+    def test_step(self, data: Any) -> dict:
+        """The same losses on a batch without updates (``val_d_loss``, ``val_g_loss``)."""
+        real, labels = self._unpack_real(data)
+        fake = self.generator(self._generator_inputs(self.sample_noise(ops.shape(real)[0]), labels), training=False)
+        fake_logits = self._discriminate(fake, labels, training=False)
+        d_loss = self.discriminator_loss(self._discriminate(real, labels, training=False), fake_logits)
+        penalty = ops.zeros(())
+        if self.loss_name == "wgan-gp":
+            penalty = self.gradient_penalty(real, fake, labels)
+            d_loss = d_loss + self.gradient_penalty_weight * penalty
+        self._log(real, d_loss, self.generator_loss(fake_logits), penalty)
+        return self.get_metrics_result()
+
+    def _log(self, real, d_loss, g_loss, penalty) -> None:
+        values = dict(d_loss=d_loss, g_loss=g_loss)
+        if self.loss_name == "wgan-gp":
+            values["gradient_penalty"] = penalty
+        self.log_values(real, **values)
+
+    def _unpack_real(self, data):
+        x, y, _ = keras.utils.unpack_x_y_sample_weight(data)
+        if self.num_classes is not None and y is None:
+            raise ValueError(
+                f"This GAN is conditional (num_classes={self.num_classes}): expected batches of "
+                "(samples, labels), received samples only. Fix: fit(x, labels)."
+            )
+        return x, (y if self.num_classes is not None else None)
+
+    # -- sampling ------------------------------------------------------------
+
+    def generate(self, n: int, labels: Sequence[int] | None = None, seed: int = 0) -> np.ndarray:
+        """``n`` generated samples as a NumPy array (same ``seed``, same noise).
+
+        Uses its own noise, so sampling does not change the training noise.
+
+        Args:
+            n: How many samples.
+            labels: For a conditional GAN, ``n`` class labels (default
+                ``0, 1, ..., num_classes - 1`` repeated).
+            seed: Seed of the noise.
+        """
+        noise = keras.random.normal((n, self.latent_dim), seed=seed)
+        if self.num_classes is not None:
+            labels = np.arange(n) % self.num_classes if labels is None else np.asarray(labels)
+            labels = ops.convert_to_tensor(labels.astype("int32"))
+        return keras.ops.convert_to_numpy(self.generator(self._generator_inputs(noise, labels), training=False))
+
+
+class GenerateSamples(keras.callbacks.Callback):
+    """Keeps ``model.generate(n)`` from the end of every epoch (same noise each time).
+
+    Attributes:
+        samples: One array of ``n`` samples per finished epoch.
+
+    Example:
+        >>> import custom_fit
+        >>> sampler = custom_fit.gan.GenerateSamples(n=16)
+        >>> # gan.fit(x, epochs=5, callbacks=[sampler]); sampler.samples[-1].shape -> (16, ...)
+    """
+
+    def __init__(self, n: int = 16, labels: Sequence[int] | None = None, seed: int = 0):
+        super().__init__()
+        self.n, self.labels, self.seed = n, labels, seed
+        self.samples: list[np.ndarray] = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.samples.append(self.model.generate(self.n, labels=self.labels, seed=self.seed))
+
+
+def image_grid(images: np.ndarray, columns: int | None = None) -> np.ndarray:
+    """Tiles ``(n, h, w[, c])`` images into one ``(rows*h, columns*w[, c])`` image (blank cells: 0).
+
+    Example:
+        >>> import numpy as np, custom_fit
+        >>> custom_fit.gan.image_grid(np.ones((5, 2, 3))).shape  # 3 columns, 2 rows
+        (4, 9)
+    """
+    images = np.asarray(images)
+    n, h, w = images.shape[:3]
+    columns = columns or int(np.ceil(np.sqrt(n)))
+    rows = int(np.ceil(n / columns))
+    grid = np.zeros((rows * h, columns * w) + images.shape[3:], dtype=images.dtype)
+    for i, image in enumerate(images):
+        r, c = divmod(i, columns)
+        grid[r * h : (r + 1) * h, c * w : (c + 1) * w] = image
+    return grid

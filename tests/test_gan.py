@@ -1,0 +1,305 @@
+"""custom_fit.GAN on scikit-learn's digits: DCGAN, hinge, WGAN-GP, conditional; steps, logging, saving."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import custom_fit
+from custom_fit.gan import GenerateSamples, image_grid
+from tests import parity
+
+LATENT = 16
+
+
+def digits(n=256):
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    images = (data.images[:n] / 8.0 - 1.0).astype("float32")[..., None]  # [-1, 1], 8x8x1
+    return images, data.target[:n].astype("int32")
+
+
+def dcgan_parts(conditional=False):
+    noise = keras.Input((LATENT,))
+    inputs = [noise]
+    h = noise
+    if conditional:
+        label = keras.Input((), dtype="int32")
+        inputs.append(label)
+        h = keras.layers.Concatenate()([noise, keras.layers.Embedding(10, 8)(label)])
+    h = keras.layers.Dense(4 * 4 * 16, activation="relu")(h)
+    h = keras.layers.Reshape((4, 4, 16))(h)
+    h = keras.layers.Conv2DTranspose(16, 3, strides=2, padding="same", activation="relu")(h)
+    images = keras.layers.Conv2D(1, 3, padding="same", activation="tanh")(h)
+    generator = keras.Model(inputs if conditional else noise, images, name="generator")
+
+    image = keras.Input((8, 8, 1))
+    d_inputs = [image]
+    h = keras.layers.Conv2D(16, 3, strides=2, padding="same")(image)
+    h = keras.layers.LeakyReLU(0.2)(h)
+    h = keras.layers.Flatten()(h)
+    if conditional:
+        d_label = keras.Input((), dtype="int32")
+        d_inputs.append(d_label)
+        h = keras.layers.Concatenate()([h, keras.layers.Embedding(10, 8)(d_label)])
+    logit = keras.layers.Dense(1)(h)
+    discriminator = keras.Model(d_inputs if conditional else image, logit, name="discriminator")
+    return generator, discriminator
+
+
+def make_gan(loss="bce", seed=3, conditional=False, **kwargs):
+    keras.utils.set_random_seed(seed)
+    generator, discriminator = dcgan_parts(conditional)
+    return custom_fit.GAN(generator, discriminator, LATENT, loss=loss, seed=seed,
+                          num_classes=10 if conditional else None, **kwargs)
+
+
+@pytest.mark.parametrize("loss", ["bce", "hinge", "wgan-gp"])
+def test_gan_trains_two_epochs_with_both_optimizers(loss, tmp_path):
+    x, _ = digits()
+    gan = make_gan(loss)
+    gan.compile()
+    sampler = GenerateSamples(n=16)
+    history = gan.fit(x, batch_size=32, epochs=2, verbose=0, callbacks=[sampler]).history
+    expected = {"d_loss", "g_loss"} | ({"gradient_penalty"} if loss == "wgan-gp" else set())
+    assert set(history) == expected
+    assert all(np.isfinite(v).all() for v in history.values())
+    steps = 2 * 8
+    critic = 5 if loss == "wgan-gp" else 1
+    assert int(gan.optimizer["generator"].iterations) == steps
+    assert int(gan.optimizer["discriminator"].iterations) == critic * steps
+    assert int(gan.optimizer.iterations) == steps
+    assert len(sampler.samples) == 2 and sampler.samples[-1].shape == (16, 8, 8, 1)
+    if loss == "wgan-gp":
+        assert history["gradient_penalty"][-1] > 0
+
+
+def test_each_sub_step_changes_only_its_sub_model():
+    x, _ = digits(32)
+    gan = make_gan("wgan-gp")
+    gan.compile()
+    gan.fit(x, batch_size=32, epochs=1, verbose=0)  # builds both optimizers
+    real = tf.constant(x)
+    for step, changed, unchanged in ((gan.train_discriminator, gan.discriminator, gan.generator),
+                                     (lambda r: gan.train_generator(32), gan.generator, gan.discriminator)):
+        before_changed = [np.array(w) for w in changed.get_weights()]
+        before_unchanged = [np.array(w) for w in unchanged.get_weights()]
+        step(real)
+        assert parity.max_delta(before_changed, changed.get_weights()) > 0
+        assert parity.max_delta(before_unchanged, unchanged.get_weights()) == 0.0
+
+
+def test_gradient_penalty_is_second_order():
+    """The critic's update differentiates through the penalty's own gradient (nested tapes)."""
+    x, _ = digits(16)
+    gan = make_gan("wgan-gp")
+    real = tf.constant(x)
+    fake = gan.generator(gan.sample_noise(16))
+    with tf.GradientTape() as tape:
+        penalty = gan.gradient_penalty(real, fake, None)
+    grads = tape.gradient(penalty, gan.discriminator.trainable_weights)
+    assert all(g is not None for g in grads[:-1]), "penalty must depend on the critic's weights"
+    assert float(penalty) > 0
+
+
+def test_conditional_gan_generates_requested_classes():
+    x, y = digits()
+    gan = make_gan("bce", conditional=True)
+    gan.compile()
+    history = gan.fit(x, y, batch_size=32, epochs=1, verbose=0).history
+    assert np.isfinite(history["d_loss"]).all()
+    assert gan.generate(10, labels=list(range(10))).shape == (10, 8, 8, 1)
+    with pytest.raises(ValueError, match=r"expected batches of \(samples, labels\), received samples only. Fix: fit\(x, labels\)"):
+        gan.fit(x, epochs=1, verbose=0)
+
+
+def test_steps_per_execution_logs_the_same_epoch_means():
+    x, _ = digits(200)  # 7 batches of 32 (last one partial)
+    histories = []
+    for spe in (1, 4):
+        gan = make_gan("bce")
+        gan.compile(steps_per_execution=spe)
+        histories.append(gan.fit(x, batch_size=32, epochs=2, verbose=0, validation_data=(x[:64],)).history)
+    delta = parity.max_delta(histories[0], histories[1])
+    parity.RESULTS["GAN: steps_per_execution=4 vs 1 (epoch means)"] = dict(weights=float("nan"), history=delta, evaluate=float("nan"), predict=float("nan"), batch_logs=float("nan"))
+    assert delta == 0.0
+    assert sorted(histories[0]) == ["d_loss", "g_loss", "val_d_loss", "val_g_loss"]
+
+
+def test_logged_values_are_batch_weighted_epoch_means_reset_each_epoch():
+    """The epoch value is the sample-weighted mean of the batch values, not the last batch."""
+
+    class Fixed(custom_fit.CustomModel):
+        logged_values = ("first", "size")
+
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(1)
+
+        def call(self, x):
+            return self.dense(x)
+
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = custom_fit.batch_mean(tf.square(self(x) - y))
+            self.minimize(loss, tape, self.trainable_weights)
+            self.log_values(x, first=tf.reduce_mean(x[:, 0]), size=tf.cast(tf.shape(x)[0], "float32"))
+            return self.get_metrics_result()
+
+        def test_step(self, data):
+            x, _ = data
+            self.log_values(x, first=tf.reduce_mean(x[:, 0]), size=tf.cast(tf.shape(x)[0], "float32"))
+            return self.get_metrics_result()
+
+    x = np.arange(10, dtype="float32").reshape(10, 1)
+    model = Fixed()
+    model.compile(optimizer="sgd")
+    history = model.fit(x, x, batch_size=4, epochs=2, shuffle=False, verbose=0).history
+    assert history["first"] == [pytest.approx(4.5), pytest.approx(4.5)]  # mean of 0..9, batches 4+4+2
+    assert history["size"] == [pytest.approx((16 + 16 + 4) / 10)] * 2
+    assert "loss" not in history
+    assert model.evaluate(x, x, batch_size=4, verbose=0, return_dict=True)["first"] == pytest.approx(4.5)
+
+
+def test_callbacks_monitor_reported_values(tmp_path):
+    x, _ = digits(128)
+    gan = make_gan("bce")
+    gan.compile()
+    callbacks = [
+        keras.callbacks.EarlyStopping(monitor="g_loss", patience=5),  # mode inferred: lower is better
+        keras.callbacks.ModelCheckpoint(str(tmp_path / "best.weights.h5"), monitor="val_d_loss", mode="min", save_best_only=True, save_weights_only=True),
+        keras.callbacks.ReduceLROnPlateau(monitor="d_loss", factor=0.5, patience=0, min_delta=10.0),
+        keras.callbacks.CSVLogger(str(tmp_path / "log.csv")),
+        keras.callbacks.TensorBoard(str(tmp_path / "tb")),
+    ]
+    gan.fit(x, batch_size=32, epochs=2, verbose=0, validation_data=(x[:64],), callbacks=callbacks)
+    header = (tmp_path / "log.csv").read_text().splitlines()[0].split(",")
+    assert {"d_loss", "g_loss", "val_d_loss", "val_g_loss"} <= set(header)
+    assert (tmp_path / "best.weights.h5").exists()
+    # ReduceLROnPlateau reduced every member once: epoch 1 sets the reference, epoch 2
+    # does not improve on it by min_delta=10.
+    assert float(gan.optimizer["generator"].learning_rate) == pytest.approx(2e-4 * 0.5)
+    assert float(gan.optimizer["discriminator"].learning_rate) == pytest.approx(2e-4 * 0.5)
+    assert list((tmp_path / "tb").rglob("events.out.tfevents.*"))
+
+
+def fit_gan(gan, x, epochs, **kwargs):
+    return gan.fit(x, batch_size=32, epochs=epochs, shuffle=False, verbose=0, **kwargs).history
+
+
+def test_save_and_load_restore_every_optimizer(tmp_path):
+    x, _ = digits(128)
+    reference = make_gan("wgan-gp")
+    reference.compile()
+    fit_gan(reference, x, 4)
+
+    gan = make_gan("wgan-gp")
+    gan.compile()
+    fit_gan(gan, x, 2)
+    gan.save(tmp_path / "gan.keras")
+    loaded = keras.models.load_model(tmp_path / "gan.keras")
+    assert type(loaded) is custom_fit.GAN and loaded.compiled
+    for name in ("generator", "discriminator"):
+        assert int(loaded.optimizer[name].iterations) == int(gan.optimizer[name].iterations) > 0
+        assert parity.max_delta([v.numpy() for v in gan.optimizer[name].variables], [v.numpy() for v in loaded.optimizer[name].variables]) == 0.0
+    history = fit_gan(loaded, x, 4, initial_epoch=2)
+    delta = parity.max_delta(reference.get_weights(), loaded.get_weights())
+    parity.RESULTS["GAN wgan-gp: save/load .keras, resume"] = dict(weights=delta, history=float("nan"), evaluate=float("nan"), predict=float("nan"), batch_logs=float("nan"))
+    assert delta == 0.0 and len(history["d_loss"]) == 2
+
+
+class StopAt(keras.callbacks.Callback):
+    def __init__(self, epoch):
+        super().__init__()
+        self.epoch = epoch
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == self.epoch:
+            raise RuntimeError("simulated interruption")
+
+
+def test_backup_and_restore_resumes_multi_optimizer_run_exactly(tmp_path):
+    x, _ = digits(128)
+    reference = make_gan("bce")
+    reference.compile()
+    fit_gan(reference, x, 4)
+
+    gan = make_gan("bce")
+    gan.compile()
+    with pytest.raises(RuntimeError, match="simulated"):
+        fit_gan(gan, x, 4, callbacks=[keras.callbacks.BackupAndRestore(str(tmp_path)), StopAt(2)])
+    resumed = make_gan("bce", seed=3)
+    resumed.compile()
+    keras.utils.set_random_seed(99)  # whatever the process state, the backup decides
+    fit_gan(resumed, x, 4, callbacks=[keras.callbacks.BackupAndRestore(str(tmp_path))])
+    delta = parity.max_delta(reference.get_weights(), resumed.get_weights())
+    parity.RESULTS["GAN bce: BackupAndRestore after interruption"] = dict(weights=delta, history=float("nan"), evaluate=float("nan"), predict=float("nan"), batch_logs=float("nan"))
+    assert delta == 0.0
+    assert int(resumed.optimizer["generator"].iterations) == int(reference.optimizer["generator"].iterations)
+
+
+def test_weights_and_checkpoint_round_trip_all_optimizer_slots(tmp_path):
+    x, _ = digits(64)
+    gan = make_gan("bce")
+    gan.compile()
+    fit_gan(gan, x, 1)
+    gan.save_weights(tmp_path / "gan.weights.h5")
+    other = make_gan("bce", seed=11)
+    other.compile()
+    other.optimizer.build(other.trainable_variables)
+    other.load_weights(tmp_path / "gan.weights.h5")
+    checkpoint_path = tf.train.Checkpoint(model=gan).save(str(tmp_path / "ckpt"))
+    third = make_gan("bce", seed=12)
+    third.compile()
+    third.optimizer.build(third.trainable_variables)
+    tf.train.Checkpoint(model=third).restore(checkpoint_path).assert_existing_objects_matched()
+    for restored in (other, third):
+        assert parity.max_delta(gan.get_weights(), restored.get_weights()) == 0.0
+        for name in ("generator", "discriminator"):
+            assert parity.max_delta([v.numpy() for v in gan.optimizer[name].variables],
+                                    [v.numpy() for v in restored.optimizer[name].variables]) == 0.0
+
+
+def conditional_mlp_parts():
+    """An MLP generator and discriminator conditioned on the digit class."""
+    noise, label = keras.Input((LATENT,)), keras.Input((), dtype="int32")
+    h = keras.layers.Concatenate()([noise, keras.layers.Embedding(10, 16)(label)])
+    for _ in range(2):
+        h = keras.layers.LeakyReLU(0.2)(keras.layers.Dense(128)(h))
+    images = keras.layers.Reshape((8, 8, 1))(keras.layers.Dense(64, activation="tanh")(h))
+    image, d_label = keras.Input((8, 8, 1)), keras.Input((), dtype="int32")
+    h = keras.layers.Concatenate()([keras.layers.Flatten()(image), keras.layers.Embedding(10, 16)(d_label)])
+    for _ in range(2):
+        h = keras.layers.LeakyReLU(0.2)(keras.layers.Dense(128)(h))
+    return (keras.Model([noise, label], images, name="generator"),
+            keras.Model([image, d_label], keras.layers.Dense(1)(h), name="discriminator"))
+
+
+def test_digits_gan_image_grid(tmp_path):
+    """Saves the grid the closing note describes: 4 samples per digit after 100 epochs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x, y = digits(1797)
+    keras.utils.set_random_seed(3)
+    gan = custom_fit.GAN(*conditional_mlp_parts(), LATENT, num_classes=10, seed=3)
+    gan.compile(optimizer={k: keras.optimizers.Adam(1e-3, beta_1=0.5) for k in ("generator", "discriminator")})
+    gan.fit(x, y, batch_size=64, epochs=100, verbose=0)
+    samples = gan.generate(40, labels=[d for d in range(10) for _ in range(4)])
+    grid = image_grid(samples.reshape(4 * 10, 8, 8)[np.argsort(np.tile(np.arange(4), 10), kind="stable")], columns=10)
+    assert grid.shape == (32, 80)
+    plt.imsave(tmp_path / "digits_gan.png", np.kron(grid, np.ones((8, 8))), cmap="gray_r")
+    assert (tmp_path / "digits_gan.png").stat().st_size > 0
+    # Generated images should look like their class more than like other classes:
+    # compare each sample with the class means of the real digits.
+    means = np.stack([x[y == d].mean(axis=0) for d in range(10)])
+    distances = ((samples[:, None] - means[None]) ** 2).sum(axis=(2, 3, 4))
+    correct = float(np.mean(distances.argmin(axis=1) == np.repeat(np.arange(10), 4)))
+    print(f"generated digits nearest their own class mean: {correct:.0%}")
+    assert correct >= 0.5, f"only {correct:.0%} of generated digits are nearest their own class mean"

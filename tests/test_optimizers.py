@@ -1,0 +1,181 @@
+"""Named optimizers in compile(), and the errors and warnings of multi-optimizer steps."""
+
+from __future__ import annotations
+
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import custom_fit
+from tests import parity
+
+X = parity.classification_data()["x"]
+
+
+class TwoHeads(custom_fit.CustomModel):
+    """``self.encoder`` and ``self.head``: a stand-in for any two-sub-model step."""
+
+    uses = ("encoder", "head")
+
+    def __init__(self, regularize=False):
+        super().__init__()
+        reg = keras.regularizers.L2(0.1) if regularize else None
+        self.encoder = keras.Sequential([keras.Input((parity.N_FEATURES,)), keras.layers.Dense(4, kernel_regularizer=reg)], name="encoder")
+        self.head = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)], name="head")
+        self.built = True
+
+    def call(self, x):
+        return self.head(self.encoder(x))
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape(persistent=True) as tape:
+            loss = custom_fit.batch_mean(tf.square(tf.cast(self(x, training=True), "float32") - y))
+        for name, part in zip(self.uses, (self.encoder, self.head)):
+            self.minimize(loss, tape, part.trainable_weights, optimizer=name)
+        return {"loss": loss}
+
+
+def fit(model, epochs=1):
+    return model.fit(X, X[:, :1], batch_size=33, epochs=epochs, verbose=0)
+
+
+def test_dict_of_optimizers_compiles_into_named_group():
+    model = TwoHeads()
+    model.compile(optimizer={"encoder": "adam", "head": keras.optimizers.SGD(0.1)})
+    assert isinstance(model.optimizer, custom_fit.NamedOptimizers)
+    assert type(model.optimizer["encoder"]).__name__ == "Adam" and type(model.optimizer["head"]).__name__ == "SGD"
+    fit(model, epochs=2)
+    assert int(model.optimizer["encoder"].iterations) == int(model.optimizer["head"].iterations) == 6
+    assert [id(v) for v in model.optimizer.member_variables("head")] == [id(v) for v in model.head.trainable_weights]
+    # No stray default optimizer anywhere in the model's state.
+    names = {v.path.split("/")[0] for v in model.optimizer.variables}
+    assert names == {"named_optimizers"}
+
+
+def test_loss_scaling_wraps_every_member():
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = TwoHeads()
+        model.compile(optimizer={"encoder": "adam", "head": "adam"})
+        assert all(isinstance(model.optimizer[n], keras.optimizers.LossScaleOptimizer) for n in ("encoder", "head"))
+        before = [np.array(w) for w in model.get_weights()]
+        fit(model, epochs=3)
+        for name, part in (("encoder", model.encoder), ("head", model.head)):
+            scale = float(model.optimizer[name].dynamic_scale)
+            # Dynamic loss scaling ran for both: it starts at 2**15 and halves on overflow.
+            assert 1.0 < scale <= 2.0**15
+            assert int(model.optimizer[name].inner_optimizer.iterations) >= 1
+        assert parity.max_delta(before, model.get_weights()) > 0
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def test_optimizer_name_not_compiled():
+    class Typo(TwoHeads):
+        uses = ("encoder", "haed")
+
+    model = Typo()
+    model.compile(optimizer={"encoder": "adam", "head": "adam"})
+    with pytest.raises(ValueError, match=r"received optimizer='haed'; this model was compiled with named optimizers \['encoder', 'head'\]\. Expected one of those names.*Fix: pass optimizer='encoder', or add 'haed'"):
+        fit(model)
+
+
+def test_unused_named_optimizer_warns_once():
+    class OnlyHead(TwoHeads):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = custom_fit.batch_mean(tf.square(self(x) - y))
+            self.minimize(loss, tape, self.head.trainable_weights, optimizer="head")
+            return {"loss": loss}
+
+    model = OnlyHead()
+    model.compile(optimizer={"encoder": "adam", "head": "adam"})
+    with pytest.warns(custom_fit.UnusedOptimizerWarning, match=r"compiled with optimizers \['encoder', 'head'\], but its train_step never used \['encoder'\].*Fix: call self.minimize\(..., optimizer='encoder'\)") as caught:
+        fit(model, epochs=2)
+    assert len([w for w in caught if issubclass(w.category, custom_fit.UnusedOptimizerWarning)]) == 1
+
+
+def test_variables_updated_by_two_optimizers():
+    class Overlap(TwoHeads):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape(persistent=True) as tape:
+                loss = custom_fit.batch_mean(tf.square(self(x) - y))
+            self.minimize(loss, tape, self.trainable_weights, optimizer="first")
+            self.minimize(loss, tape, self.head.trainable_weights, optimizer="second")
+            return {"loss": loss}
+
+    model = Overlap()
+    model.compile(optimizer={"first": "adam", "second": "adam"})
+    with pytest.raises(ValueError, match=r"Variables \[.*head.*\] would be updated by two optimizers, 'first' and 'second'\. Expected each variable to belong to one named optimizer\. Fix:"):
+        fit(model)
+
+
+def test_named_optimizer_given_other_variables():
+    class Swapped(TwoHeads):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape(persistent=True) as tape:
+                loss = custom_fit.batch_mean(tf.square(self(x) - y))
+            self.minimize(loss, tape, self.head.trainable_weights, optimizer="encoder")
+            return {"loss": loss}
+
+    model = Swapped()
+    model.compile(optimizer={"encoder": "adam"})
+    with pytest.raises(ValueError, match=r"optimizer='encoder'\) received variables the 'encoder' optimizer does not update.*Fix: pass the same variables every step"):
+        fit(model)
+
+
+def test_regularization_never_added_warns():
+    model = TwoHeads(regularize=True)
+    model.compile(optimizer={"encoder": "adam", "head": "adam"})
+    with pytest.warns(custom_fit.UnusedRegularizationWarning, match=r"updated regularized variables of \['encoder'\] without computing their regularization losses.*Fix: .*custom_fit.regularization_loss"):
+        fit(model)
+
+
+def test_regularization_added_does_not_warn():
+    class Regularized(TwoHeads):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape(persistent=True) as tape:
+                loss = custom_fit.batch_mean(tf.square(self(x) - y))
+                encoder_loss = loss + custom_fit.regularization_loss(self.encoder)
+            self.minimize(encoder_loss, tape, self.encoder.trainable_weights, optimizer="encoder")
+            self.minimize(loss, tape, self.head.trainable_weights, optimizer="head")
+            return {"loss": loss}
+
+    model = Regularized(regularize=True)
+    model.compile(optimizer={"encoder": "adam", "head": "adam"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fit(model)
+
+
+def test_group_learning_rate_is_per_member():
+    group = custom_fit.NamedOptimizers({"a": "adam"})
+    with pytest.raises(AttributeError, match=r"one learning rate per member: read or set `model.optimizer\[name\].learning_rate`"):
+        group.learning_rate
+    with pytest.raises(KeyError, match=r"No optimizer named 'b': expected one of \['a'\]"):
+        group["b"]
+    with pytest.raises(ValueError, match=r"expected a non-empty dict \{name: optimizer\}, received \{\}"):
+        custom_fit.NamedOptimizers({})
+
+
+def test_minimize_without_name_on_named_group():
+    class NoName(TwoHeads):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = custom_fit.batch_mean(tf.square(self(x) - y))
+            self.minimize(loss, tape, self.trainable_weights)
+            return {"loss": loss}
+
+    model = NoName()
+    model.compile(optimizer={"encoder": "adam", "head": "adam"})
+    with pytest.raises(ValueError, match=r"received optimizer=None; this model was compiled with named optimizers \['encoder', 'head'\]"):
+        fit(model)
