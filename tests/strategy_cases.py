@@ -154,6 +154,32 @@ def mirrored():
             "keras_vs_custom_default": max_delta(keras_mirrored["weights"], per_replica["weights"]),
         }
     del clip
+
+    # A GAN (two named optimizers, seeded noise): the strategy vs one device.
+    def gan_run(strategy_):
+        keras.utils.set_random_seed(SEED)
+        scope = strategy_.scope() if strategy_ else tf.distribute.get_strategy().scope()
+        with scope:
+            generator = keras.Sequential([keras.Input((4,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(8)])
+            discriminator = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+            gan = custom_fit.GAN(generator, discriminator, latent_dim=4, seed=SEED)
+            gan.compile(steps_per_execution=2)
+        history = gan.fit(data()["x"], batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=0)
+        return {"weights": [w.tolist() for w in gan.get_weights()], "history": history.history,
+                "iterations": {n: int(gan.optimizer[n].iterations.numpy()) for n in ("generator", "discriminator")}}
+
+    gan_mirrored = attempt(lambda: gan_run(strategy))
+    if "error" in gan_mirrored:
+        results["gan"] = gan_mirrored
+    else:
+        from tests.parity import max_delta
+
+        gan_single = gan_run(None)
+        results["gan"] = {
+            "weights": max_delta(gan_single["weights"], gan_mirrored["ok"]["weights"]),
+            "history": max_delta(gan_single["history"], gan_mirrored["ok"]["history"]),
+            "iterations": gan_mirrored["ok"]["iterations"],
+        }
     return results
 
 

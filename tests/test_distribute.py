@@ -155,3 +155,12 @@ def test_plain_keras_model_cannot_fit_on_two_workers(two_workers):
     """Keeps the Keras 3.15 gap visible; if this fails, upstream fixed MultiWorker fit."""
     (w0, _), _ = two_workers
     assert "PerReplica" in w0["keras_model"].get("error", "")
+
+
+def test_gan_mirrored_matches_single_device(mirrored):
+    """Two named optimizers, seeded noise sliced per replica, steps_per_execution=2."""
+    result = mirrored["gan"]
+    assert "error" not in result, result.get("traceback")
+    record(f"GAN Mirrored x2 vs 1 device (tol {SINGLE_DEVICE_TOLERANCE:g})", result)
+    assert result["iterations"] == {"generator": 12, "discriminator": 12}
+    assert max(result["weights"], result["history"]) <= SINGLE_DEVICE_TOLERANCE

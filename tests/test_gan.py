@@ -303,3 +303,116 @@ def test_digits_gan_image_grid(tmp_path):
     correct = float(np.mean(distances.argmin(axis=1) == np.repeat(np.arange(10), 4)))
     print(f"generated digits nearest their own class mean: {correct:.0%}")
     assert correct >= 0.5, f"only {correct:.0%} of generated digits are nearest their own class mean"
+
+
+# --- The keras.io GAN (Keras 3 guide "Customizing what happens in fit()"), unchanged but
+# --- for its base class: optimizers as attributes, its own compile() signature.
+class KerasIoGAN(custom_fit.CustomModel):
+    def __init__(self, discriminator, generator, latent_dim):
+        super().__init__()
+        self.discriminator = discriminator
+        self.generator = generator
+        self.latent_dim = latent_dim
+        self.d_loss_tracker = keras.metrics.Mean(name="d_loss")
+        self.g_loss_tracker = keras.metrics.Mean(name="g_loss")
+        self.seed_generator = keras.random.SeedGenerator(1337)
+
+    @property
+    def metrics(self):
+        return [self.d_loss_tracker, self.g_loss_tracker]
+
+    def compile(self, d_optimizer, g_optimizer, loss_fn):
+        super().compile()
+        self.d_optimizer = d_optimizer
+        self.g_optimizer = g_optimizer
+        self.loss_fn = loss_fn
+
+    def train_step(self, real_images):
+        if isinstance(real_images, tuple):
+            real_images = real_images[0]
+        batch_size = tf.shape(real_images)[0]
+        random_latent_vectors = keras.random.normal(shape=(batch_size, self.latent_dim), seed=self.seed_generator)
+        generated_images = self.generator(random_latent_vectors)
+        combined_images = tf.concat([generated_images, real_images], axis=0)
+        labels = tf.concat([tf.ones((batch_size, 1)), tf.zeros((batch_size, 1))], axis=0)
+        labels += 0.05 * keras.random.uniform(tf.shape(labels), seed=self.seed_generator)
+        with tf.GradientTape() as tape:
+            predictions = self.discriminator(combined_images)
+            d_loss = self.loss_fn(labels, predictions)
+        grads = tape.gradient(d_loss, self.discriminator.trainable_weights)
+        self.d_optimizer.apply_gradients(zip(grads, self.discriminator.trainable_weights))
+        random_latent_vectors = keras.random.normal(shape=(batch_size, self.latent_dim), seed=self.seed_generator)
+        misleading_labels = tf.zeros((batch_size, 1))
+        with tf.GradientTape() as tape:
+            predictions = self.discriminator(self.generator(random_latent_vectors))
+            g_loss = self.loss_fn(misleading_labels, predictions)
+        grads = tape.gradient(g_loss, self.generator.trainable_weights)
+        self.g_optimizer.apply_gradients(zip(grads, self.generator.trainable_weights))
+        self.d_loss_tracker.update_state(d_loss)
+        self.g_loss_tracker.update_state(g_loss)
+        return {"d_loss": self.d_loss_tracker.result(), "g_loss": self.g_loss_tracker.result()}
+# --- end of the keras.io code ---
+
+
+def test_keras_io_style_gan_trains_unchanged():
+    x, _ = digits(128)
+    keras.utils.set_random_seed(1)
+    generator, discriminator = dcgan_parts()
+    gan = KerasIoGAN(discriminator=discriminator, generator=generator, latent_dim=LATENT)
+    gan.compile(d_optimizer=keras.optimizers.Adam(3e-4), g_optimizer=keras.optimizers.Adam(3e-4),
+                loss_fn=keras.losses.BinaryCrossentropy(from_logits=True))
+    assert gan.optimizer is None, "no stray default optimizer"
+    history = gan.fit(x, batch_size=32, epochs=2, verbose=0).history
+    assert sorted(history) == ["d_loss", "g_loss"] and np.isfinite(history["d_loss"]).all()
+    assert int(gan.d_optimizer.iterations) == int(gan.g_optimizer.iterations) == 8
+
+
+class VAE(custom_fit.CustomModel):
+    """One optimizer, three reported losses (the multi-loss case without a GAN)."""
+
+    logged_values = ("loss", "reconstruction_loss", "kl_loss")
+
+    def __init__(self, latent=2, **kwargs):
+        super().__init__(**kwargs)
+        self.encoder = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(2 * latent)], name="encoder")
+        self.decoder = keras.Sequential([keras.Input((latent,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(64)], name="decoder")
+        self.noise = keras.random.SeedGenerator(0)
+        self.built = True
+
+    def call(self, x, training=False):
+        mean, log_var = tf.split(self.encoder(x), 2, axis=-1)
+        z = mean + tf.exp(0.5 * log_var) * keras.random.normal(tf.shape(mean), seed=self.noise) if training else mean
+        return self.decoder(z), mean, log_var
+
+    def compute_vae_losses(self, x, training):
+        reconstruction, mean, log_var = self(x, training=training)
+        reconstruction_loss = custom_fit.batch_mean(tf.reduce_sum(tf.square(x - reconstruction), axis=-1))
+        kl_loss = custom_fit.batch_mean(-0.5 * tf.reduce_sum(1 + log_var - tf.square(mean) - tf.exp(log_var), axis=-1))
+        return reconstruction_loss + kl_loss, reconstruction_loss, kl_loss
+
+    def train_step(self, data):
+        with tf.GradientTape() as tape:
+            loss, reconstruction_loss, kl_loss = self.compute_vae_losses(data, training=True)
+        self.minimize(loss, tape, self.trainable_weights)
+        self.log_values(data, loss=loss, reconstruction_loss=reconstruction_loss, kl_loss=kl_loss)
+        return self.get_metrics_result()
+
+    def test_step(self, data):
+        loss, reconstruction_loss, kl_loss = self.compute_vae_losses(data, training=False)
+        self.log_values(data, loss=loss, reconstruction_loss=reconstruction_loss, kl_loss=kl_loss)
+        return self.get_metrics_result()
+
+
+def test_vae_reports_three_losses_with_one_optimizer():
+    x, _ = digits(512)
+    x = x.reshape(-1, 64)
+    keras.utils.set_random_seed(0)
+    vae = VAE()
+    vae.compile(optimizer=keras.optimizers.Adam(1e-3))
+    history = vae.fit(x, batch_size=64, epochs=5, verbose=0, validation_data=(x[:128],)).history
+    assert sorted(history) == ["kl_loss", "loss", "reconstruction_loss", "val_kl_loss", "val_loss", "val_reconstruction_loss"]
+    assert history["loss"][-1] < history["loss"][0]
+    for epoch in range(5):  # the parts add up, as epoch means
+        assert history["loss"][epoch] == pytest.approx(history["reconstruction_loss"][epoch] + history["kl_loss"][epoch], rel=1e-5)
+    with pytest.raises(ValueError, match=r"log_values\(\) received 'elbo', which is not in VAE.logged_values = \('loss', 'reconstruction_loss', 'kl_loss'\).*Fix: add 'elbo'"):
+        vae.log_values(x, elbo=1.0)

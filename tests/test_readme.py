@@ -15,7 +15,7 @@ import custom_fit
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
-QUICKSTART, STEP, EXAMPLES, KERAS2, SCALING = BLOCKS
+QUICKSTART, STEP, EXAMPLES, KERAS2, GAN_EXAMPLE, SCALING = BLOCKS
 
 
 def test_quick_start_runs(tmp_path, monkeypatch, capsys):
@@ -65,3 +65,21 @@ def test_scaling_snippet_uses_real_arguments():
     """The snippet needs a strategy (run by tests/test_distribute.py); here: it parses, and its options exist."""
     compile(SCALING, "README scaling out", "exec")
     assert "clip_after_aggregation" in inspect.signature(custom_fit.CustomModel.compile).parameters
+
+
+def test_gan_example_trains():
+    namespace: dict = {}
+    exec(compile("import tensorflow as tf\nimport custom_fit\n" + GAN_EXAMPLE, "README GAN", "exec"), namespace)
+
+    class Model(namespace["TwoTowerGAN"]):
+        def __init__(self):
+            super().__init__()
+            self.generator = keras.Sequential([keras.Input((16,)), keras.layers.Dense(4)])
+            self.discriminator = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+            self.built = True
+
+    model = Model()
+    model.compile(optimizer={"generator": "adam", "discriminator": "adam"})
+    history = model.fit(np.random.default_rng(0).normal(size=(64, 4)).astype("float32"), batch_size=16, epochs=2, verbose=0)
+    assert sorted(history.history) == ["d_loss", "g_loss"]
+    assert int(model.optimizer["generator"].iterations) == int(model.optimizer["discriminator"].iterations) == 8
