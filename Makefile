@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test clean
+.PHONY: install demo test bench clean
 
 install: $(STAMP)
 
@@ -23,6 +23,10 @@ demo: $(STAMP)
 ## Run the whole suite (warnings are errors; see setup.cfg).
 test: $(STAMP)
 	$(PY) -m pytest
+
+## Measure throughput against keras.Model.fit and hand-written loops (benchmarks/results/).
+bench: $(STAMP)
+	$(PY) benchmarks/bench.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

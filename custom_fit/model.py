@@ -61,12 +61,10 @@ class UnusedRegularizationWarning(UserWarning):
 
 _DEFAULT_OPTIMIZER = "rmsprop"  # keras.Model.compile's default
 
-# Which sets of gradient-less variables were already reported, per model. A weak
-# mapping outside the model, because attributes set on a built Keras layer are
-# tracked as layer state.
-_reported_missing_gradients: "weakref.WeakKeyDictionary[Any, set]" = (
-    weakref.WeakKeyDictionary()
-)
+# What each model has already warned about (sets of gradient-less variables,
+# warning categories). A weak mapping outside the model, because attributes set
+# on a built Keras layer become tracked layer state.
+_already_reported: "weakref.WeakKeyDictionary[Any, set]" = weakref.WeakKeyDictionary()
 
 
 @keras.saving.register_keras_serializable(package="custom_fit")
@@ -88,6 +86,14 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
     * ``self.compiled_loss`` / ``self.compiled_metrics`` have their Keras 2
       meaning (see :mod:`custom_fit.compiled`), and step logs are flattened,
       so Keras-2-style steps report the true loss.
+    * ``compile(optimizer={"generator": ..., "discriminator": ...})`` compiles
+      several named optimizers; :attr:`logged_values` and :meth:`log_values`
+      report a custom step's values as epoch means.
+    * Random seed generator states (``Dropout``, noise) are saved with the
+      weights, so resumed runs equal uninterrupted ones.
+    * ``MirroredStrategy`` with ``steps_per_execution > 1`` and
+      ``MultiWorkerMirroredStrategy`` train; ``compile(clip_after_aggregation=True)``
+      clips the global gradient.
     * ``fit`` before ``compile``, a missing ``y``, unknown optimizers and
       variables without gradients produce errors that say how to fix them.
 
@@ -274,12 +280,14 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
             tape: The ``tf.GradientTape`` that recorded ``loss``.
             variables: The variables to update, e.g. ``self.trainable_weights``
                 or ``self.generator.trainable_weights``.
-            optimizer: ``None`` for the compiled optimizer, or an optimizer
-                instance.
+            optimizer: ``None`` for the compiled optimizer, a name given to
+                ``compile(optimizer={name: ...})``, or an optimizer instance
+                (wrapped for loss scaling under ``mixed_float16``).
 
         Raises:
-            ValueError: ``optimizer`` names no optimizer of this model, or
-                none of ``variables`` has a gradient.
+            ValueError: ``optimizer`` names no optimizer of this model, a named
+                optimizer receives variables it does not update, or none of
+                ``variables`` has a gradient.
 
         Example:
             >>> import tensorflow as tf, keras, custom_fit
@@ -343,7 +351,9 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
 
         Called by :meth:`minimize` with ``(gradient, variable)`` pairs (only
         pairs whose gradient exists). Gradients are still scaled by the loss
-        scale under mixed precision, and per replica under ``tf.distribute``.
+        scale under mixed precision. Under ``tf.distribute`` they are this
+        replica's, or the sum over replicas with
+        ``compile(clip_after_aggregation=True)``.
 
         Example:
             >>> import tensorflow as tf, custom_fit
@@ -550,7 +560,7 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
         return logs
 
     def _warn_once(self, category: type, message: str) -> None:
-        warned = _reported_missing_gradients.setdefault(self, set())
+        warned = _already_reported.setdefault(self, set())
         if category not in warned:
             warned.add(category)
             warnings.warn(message, category, stacklevel=3)
@@ -663,7 +673,7 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
                 "compute the loss inside `with tape:` and pass the variables it "
                 "depends on."
             )
-        reported = _reported_missing_gradients.setdefault(self, set())
+        reported = _already_reported.setdefault(self, set())
         if tuple(missing) not in reported:
             reported.add(tuple(missing))
             warnings.warn(
