@@ -77,9 +77,12 @@ def train(epochs: int) -> None:
         verbose=2 if task["index"] == 0 else 0,
     )
     _, accuracy = model.evaluate(x_test, y_test, verbose=0)
-    print(f"worker {task['index']}: {strategy.num_replicas_in_sync} replicas, "
-          f"final loss {history.history['loss'][-1]:.4f}, test accuracy {accuracy:.4f}, "
-          f"weight checksum {sum(float(w.sum()) for w in model.get_weights()):.6f}", flush=True)
+    # One write per line: both workers share the launcher's stdout, and a single
+    # short write() to a pipe is not interleaved with the other worker's.
+    sys.stdout.write(f"worker {task['index']}: {strategy.num_replicas_in_sync} replicas, "
+                     f"final loss {history.history['loss'][-1]:.4f}, test accuracy {accuracy:.4f}, "
+                     f"weight checksum {sum(float(w.sum()) for w in model.get_weights()):.6f}\n")
+    sys.stdout.flush()
 
 
 def main() -> int:

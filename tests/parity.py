@@ -17,6 +17,7 @@ import keras
 import numpy as np
 
 RESULTS: dict[str, dict[str, float]] = {}
+QUANTITIES = ("weights", "history", "evaluate", "predict", "batch_logs")
 
 N_TRAIN, N_VAL, N_FEATURES, N_CLASSES = 99, 30, 8, 3  # 99 = 6 batches of 16 + 3
 
@@ -139,9 +140,29 @@ def assert_same(name: str, reference: Run, candidate: Run, tolerance: float = 0.
             [(k, b, logs) for k, b, logs in candidate.batch_logs],
         ),
     }
-    RESULTS[name] = deltas
+    record(name, **deltas)
     assert sorted(reference.history) == sorted(candidate.history), (
         f"history keys differ: {sorted(reference.history)} vs {sorted(candidate.history)}"
     )
     bad = {k: v for k, v in deltas.items() if not v <= tolerance}
     assert not bad, f"{name}: max |delta| above {tolerance}: {bad}"
+
+
+def record(name: str, **deltas: float) -> None:
+    """Stores measured max |delta| values for the parity table.
+
+    Quantities not measured print as nan; keys other than ``QUANTITIES`` are ignored.
+    """
+    RESULTS[name] = {k: float(deltas.get(k, math.nan)) for k in QUANTITIES}
+
+
+class StopAt(keras.callbacks.Callback):
+    """Simulates a crash at the start of ``epoch`` (for resume tests)."""
+
+    def __init__(self, epoch: int):
+        super().__init__()
+        self.epoch = epoch
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == self.epoch:
+            raise RuntimeError("simulated interruption")

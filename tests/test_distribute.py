@@ -40,21 +40,17 @@ def mirrored(tmp_path_factory):
     return run_group(tmp_path_factory.mktemp("mirrored"), "mirrored")
 
 
-def record(name, deltas):
-    parity.RESULTS[name] = {"batch_logs": float("nan"), **{k: deltas.get(k, float("nan")) for k in ("weights", "history", "evaluate", "predict")}}
-
-
 @pytest.mark.parametrize("kind", KINDS)
 def test_mirrored_custom_model_equals_keras_model(mirrored, kind):
     deltas = mirrored[f"custom_vs_keras/{kind}"]
-    record(f"Mirrored x2: CustomModel vs keras.Model, {kind}", deltas)
+    parity.record(f"Mirrored x2: CustomModel vs keras.Model, {kind}", **deltas)
     assert deltas == {"weights": 0.0, "history": 0.0, "evaluate": 0.0, "predict": 0.0}
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_mirrored_equals_single_device(mirrored, kind):
     deltas = mirrored[f"mirrored_vs_single/{kind}"]
-    record(f"Mirrored x2 vs 1 device (tol {SINGLE_DEVICE_TOLERANCE:g}), {kind}", deltas)
+    parity.record(f"Mirrored x2 vs 1 device (tol {SINGLE_DEVICE_TOLERANCE:g}), {kind}", **deltas)
     assert mirrored["replicas"] == 2
     assert max(deltas.values()) <= SINGLE_DEVICE_TOLERANCE, deltas
 
@@ -70,7 +66,7 @@ def test_logged_loss_is_the_global_mean(mirrored, kind):
 def test_mirrored_steps_per_execution_equals_one_step(mirrored, steps):
     deltas = mirrored[f"spe/custom/{steps}"]
     assert "error" not in deltas, deltas.get("traceback")
-    record(f"Mirrored x2: steps_per_execution={steps} vs 1 (fit/evaluate/predict)", deltas)
+    parity.record(f"Mirrored x2: steps_per_execution={steps} vs 1 (fit/evaluate/predict)", **deltas)
     assert deltas == {"weights": 0.0, "history": 0.0, "evaluate": 0.0, "predict": 0.0}
 
 
@@ -91,10 +87,8 @@ def test_plain_keras_failure_is_the_known_placeholder_error(mirrored):
 @pytest.mark.parametrize("clip", ["global_clipnorm", "clipnorm", "clipvalue"])
 def test_clip_after_aggregation_matches_one_device(mirrored, clip):
     result = mirrored[f"clip/{clip}"]
-    parity.RESULTS[f"Mirrored x2 {clip}: per-replica (Keras) vs 1 device"] = dict(
-        weights=result["per_replica_vs_single"], history=float("nan"), evaluate=float("nan"), predict=float("nan"), batch_logs=float("nan"))
-    parity.RESULTS[f"Mirrored x2 {clip}: clip_after_aggregation vs 1 device"] = dict(
-        weights=result["aggregated_vs_single"], history=float("nan"), evaluate=float("nan"), predict=float("nan"), batch_logs=float("nan"))
+    parity.record(f"Mirrored x2 {clip}: per-replica (Keras) vs 1 device", weights=result["per_replica_vs_single"])
+    parity.record(f"Mirrored x2 {clip}: clip_after_aggregation vs 1 device", weights=result["aggregated_vs_single"])
     assert result["keras_vs_custom_default"] == 0.0, "default must clip exactly like Keras"
     assert result["per_replica_vs_single"] > 1e-3, "Keras' per-replica clipping should differ from one device"
     assert result["aggregated_vs_single"] <= SINGLE_DEVICE_TOLERANCE
@@ -146,7 +140,7 @@ def test_two_workers_equal_one_process_on_the_global_batch(two_workers):
         "history": parity.max_delta(w0["history"], single["history"]),
         "evaluate": parity.max_delta(w0["evaluate"], single["evaluate"]),
     }
-    record(f"MultiWorker x2 (shards) vs 1 process (tol {SINGLE_DEVICE_TOLERANCE:g})", deltas)
+    parity.record(f"MultiWorker x2 (shards) vs 1 process (tol {SINGLE_DEVICE_TOLERANCE:g})", **deltas)
     assert max(deltas.values()) <= SINGLE_DEVICE_TOLERANCE, deltas
     assert parity.max_delta(w0["numpy_weights"], single["weights"]) <= SINGLE_DEVICE_TOLERANCE
 
@@ -161,6 +155,6 @@ def test_gan_mirrored_matches_single_device(mirrored):
     """Two named optimizers, seeded noise sliced per replica, steps_per_execution=2."""
     result = mirrored["gan"]
     assert "error" not in result, result.get("traceback")
-    record(f"GAN Mirrored x2 vs 1 device (tol {SINGLE_DEVICE_TOLERANCE:g})", result)
+    parity.record(f"GAN Mirrored x2 vs 1 device (tol {SINGLE_DEVICE_TOLERANCE:g})", **result)
     assert result["iterations"] == {"generator": 12, "discriminator": 12}
     assert max(result["weights"], result["history"]) <= SINGLE_DEVICE_TOLERANCE

@@ -18,7 +18,7 @@ def test_multi_worker_example_two_local_workers():
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(ROOT)),
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
-    reports = re.findall(r"worker (\d): 2 replicas, final loss ([\d.]+), test accuracy ([\d.]+), weight checksum (\S+)", completed.stdout)
+    reports = re.findall(r"worker (\d): 2 replicas, final loss ([\d.]+), test accuracy ([\d.]+), weight checksum (-?[\d.]+)$", completed.stdout, flags=re.M)
     assert sorted(r[0] for r in reports) == ["0", "1"], completed.stdout
     assert reports[0][1:] == reports[1][1:], "both workers must end with the same model"
     assert float(reports[0][2]) > 0.5

@@ -125,7 +125,7 @@ def test_steps_per_execution_logs_the_same_epoch_means():
         gan.compile(steps_per_execution=spe)
         histories.append(gan.fit(x, batch_size=32, epochs=2, verbose=0, validation_data=(x[:64],)).history)
     delta = parity.max_delta(histories[0], histories[1])
-    parity.RESULTS["GAN: steps_per_execution=4 vs 1 (epoch means)"] = dict(weights=float("nan"), history=delta, evaluate=float("nan"), predict=float("nan"), batch_logs=float("nan"))
+    parity.record("GAN: steps_per_execution=4 vs 1 (epoch means)", history=delta)
     assert delta == 0.0
     assert sorted(histories[0]) == ["d_loss", "g_loss", "val_d_loss", "val_g_loss"]
 
@@ -209,18 +209,8 @@ def test_save_and_load_restore_every_optimizer(tmp_path):
         assert parity.max_delta([v.numpy() for v in gan.optimizer[name].variables], [v.numpy() for v in loaded.optimizer[name].variables]) == 0.0
     history = fit_gan(loaded, x, 4, initial_epoch=2)
     delta = parity.max_delta(reference.get_weights(), loaded.get_weights())
-    parity.RESULTS["GAN wgan-gp: save/load .keras, resume"] = dict(weights=delta, history=float("nan"), evaluate=float("nan"), predict=float("nan"), batch_logs=float("nan"))
+    parity.record("GAN wgan-gp: save/load .keras, resume", weights=delta)
     assert delta == 0.0 and len(history["d_loss"]) == 2
-
-
-class StopAt(keras.callbacks.Callback):
-    def __init__(self, epoch):
-        super().__init__()
-        self.epoch = epoch
-
-    def on_epoch_begin(self, epoch, logs=None):
-        if epoch == self.epoch:
-            raise RuntimeError("simulated interruption")
 
 
 def test_backup_and_restore_resumes_multi_optimizer_run_exactly(tmp_path):
@@ -232,13 +222,13 @@ def test_backup_and_restore_resumes_multi_optimizer_run_exactly(tmp_path):
     gan = make_gan("bce")
     gan.compile()
     with pytest.raises(RuntimeError, match="simulated"):
-        fit_gan(gan, x, 4, callbacks=[keras.callbacks.BackupAndRestore(str(tmp_path)), StopAt(2)])
+        fit_gan(gan, x, 4, callbacks=[keras.callbacks.BackupAndRestore(str(tmp_path)), parity.StopAt(2)])
     resumed = make_gan("bce", seed=3)
     resumed.compile()
     keras.utils.set_random_seed(99)  # whatever the process state, the backup decides
     fit_gan(resumed, x, 4, callbacks=[keras.callbacks.BackupAndRestore(str(tmp_path))])
     delta = parity.max_delta(reference.get_weights(), resumed.get_weights())
-    parity.RESULTS["GAN bce: BackupAndRestore after interruption"] = dict(weights=delta, history=float("nan"), evaluate=float("nan"), predict=float("nan"), batch_logs=float("nan"))
+    parity.record("GAN bce: BackupAndRestore after interruption", weights=delta)
     assert delta == 0.0
     assert int(resumed.optimizer["generator"].iterations) == int(reference.optimizer["generator"].iterations)
 

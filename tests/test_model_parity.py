@@ -204,7 +204,7 @@ def test_on_batch_methods_match(seed):
         results[base] = (model.get_weights(), logs, model.predict_on_batch(DATA["x_val"]))
     ref, got = results[keras.Model], results[custom_fit.CustomModel]
     deltas = [parity.max_delta(a, b) for a, b in zip(ref, got)]
-    parity.RESULTS["Model: train/test/predict_on_batch"] = dict(zip(("weights", "history", "predict"), deltas), evaluate=deltas[1], batch_logs=deltas[1])
+    parity.record("Model: train/test/predict_on_batch", weights=deltas[0], batch_logs=deltas[1], predict=deltas[2])
     assert deltas == [0.0, 0.0, 0.0]
 
 

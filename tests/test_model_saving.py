@@ -87,7 +87,7 @@ def test_keras_file_round_trip_resumes_exactly(kind, tmp_path):
     resumed_history = fit(loaded, 4, initial_epoch=2)
     weights_delta = parity.max_delta(reference.get_weights(), loaded.get_weights())
     history_delta = parity.max_delta({k: v[2:] for k, v in reference_history.items()}, resumed_history)
-    parity.RESULTS[f"save/load .keras, resume ({kind})"] = dict(weights=weights_delta, history=history_delta, evaluate=0.0, predict=0.0, batch_logs=0.0)
+    parity.record(f"save/load .keras, resume ({kind})", weights=weights_delta, history=history_delta)
     assert weights_delta == 0.0 and history_delta == 0.0
 
 
@@ -118,18 +118,6 @@ def test_weights_file_and_checkpoint_round_trip_optimizer_state(tmp_path):
     assert parity.max_delta(model.get_weights(), restored.get_weights()) == 0.0
 
 
-class StopAt(keras.callbacks.Callback):
-    """Simulates a crash at the start of ``epoch``."""
-
-    def __init__(self, epoch):
-        super().__init__()
-        self.epoch = epoch
-
-    def on_epoch_begin(self, epoch, logs=None):
-        if epoch == self.epoch:
-            raise RuntimeError("simulated interruption")
-
-
 def test_backup_and_restore_resumes_exactly(tmp_path):
     reference, reference_history = uninterrupted(functional)
 
@@ -138,7 +126,7 @@ def test_backup_and_restore_resumes_exactly(tmp_path):
     model.compile(**COMPILE)
     backup = keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))
     with pytest.raises(RuntimeError, match="simulated interruption"):
-        fit(model, 4, callbacks=[backup, StopAt(2)])
+        fit(model, 4, callbacks=[backup, parity.StopAt(2)])
 
     keras.utils.set_random_seed(SEED + 1)  # a fresh process would not share the seed state
     model = functional()
@@ -146,7 +134,7 @@ def test_backup_and_restore_resumes_exactly(tmp_path):
     history = fit(model, 4, callbacks=[keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))])
     weights_delta = parity.max_delta(reference.get_weights(), model.get_weights())
     history_delta = parity.max_delta({k: v[2:] for k, v in reference_history.items()}, history)
-    parity.RESULTS["BackupAndRestore, interrupted at epoch 2"] = dict(weights=weights_delta, history=history_delta, evaluate=0.0, predict=0.0, batch_logs=0.0)
+    parity.record("BackupAndRestore, interrupted at epoch 2", weights=weights_delta, history=history_delta)
     assert weights_delta == 0.0 and history_delta == 0.0
 
 
