@@ -23,3 +23,10 @@ def test_quick_benchmark_writes_valid_results(tmp_path):
         saved["workloads"]["mlp (16-32-10, batch 32)"]["variants"])
     assert "custom_fit.GAN" in saved["workloads"]["digits GAN (MLP, batch 64, two optimizers)"]["variants"]
     assert results["workloads"].keys() == saved["workloads"].keys()
+
+
+def test_recheck_rejects_unknown_workloads():
+    import pytest
+
+    with pytest.raises(SystemExit, match=r"--recheck expected workload names from \[.*'mlp, steps_per_execution=4'.*\], received \['mlp, spe=4'\]"):
+        bench.recheck(["mlp, spe=4"], repeats=1)

@@ -363,3 +363,12 @@ def test_vae_reports_three_losses_with_one_optimizer():
         assert history["loss"][epoch] == pytest.approx(history["reconstruction_loss"][epoch] + history["kl_loss"][epoch], rel=1e-5)
     with pytest.raises(ValueError, match=r"log_values\(\) received 'elbo', which is not in VAE.logged_values = \('loss', 'reconstruction_loss', 'kl_loss'\).*Fix: add 'elbo'"):
         vae.log_values(x, elbo=1.0)
+
+
+def test_gan_argument_errors_say_how_to_fix():
+    generator, discriminator = dcgan_parts()
+    with pytest.raises(ValueError, match=r"GAN loss must be one of \('bce', 'hinge', 'wgan-gp'\), received loss='wgan'. Fix"):
+        custom_fit.GAN(generator, discriminator, LATENT, loss="wgan")
+    unbuilt = keras.Sequential([keras.layers.Dense(1)])
+    with pytest.raises(ValueError, match=r"GAN expected a built keras.Model as discriminator, received Sequential \(not built\)\. Fix: build it with an Input"):
+        custom_fit.GAN(generator, unbuilt, LATENT)

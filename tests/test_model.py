@@ -402,3 +402,27 @@ def test_no_retracing_across_epochs(steps_per_execution):
     assert CountsTraces.traces["train"] <= 2 and CountsTraces.traces["test"] <= 2, CountsTraces.traces
     model.fit(X, Y, batch_size=16, epochs=2, verbose=0)
     assert CountsTraces.traces["train"] <= 2, CountsTraces.traces
+
+
+def test_minimize_with_no_variables_warns():
+    class Empty(custom_fit.CustomModel):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = self.compute_loss(x, y, self(x))
+            self.minimize(loss, tape, [])
+            return {"loss": loss}
+
+    model = functional(Empty)
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    with pytest.warns(UserWarning, match=r"minimize\(\) received no variables to update, so nothing is trained. Expected trainable variables"):
+        model.fit(X, Y, epochs=1, verbose=0)
+
+
+def test_log_values_needs_compile():
+    class Logs(custom_fit.CustomModel):
+        logged_values = ("d_loss",)
+
+    model = functional(Logs)
+    with pytest.raises(ValueError, match=r"log_values\(\) needs a compiled model: expected `compile\(\)` to have created trackers for \['d_loss'\].*Fix: call `model.compile"):
+        model.log_values(X, d_loss=1.0)

@@ -179,3 +179,11 @@ def test_minimize_without_name_on_named_group():
     model.compile(optimizer={"encoder": "adam", "head": "adam"})
     with pytest.raises(ValueError, match=r"received optimizer=None; this model was compiled with named optimizers \['encoder', 'head'\]"):
         fit(model)
+
+
+def test_group_rejects_bad_names_and_learning_rate_assignment():
+    with pytest.raises(ValueError, match=r"Optimizer names must be non-empty strings, received 3"):
+        custom_fit.NamedOptimizers({3: "adam"})
+    group = custom_fit.NamedOptimizers({"a": "adam"})
+    with pytest.raises(AttributeError, match=r"one learning rate per member: set `model.optimizer\[name\].learning_rate`"):
+        group.learning_rate = 0.1
