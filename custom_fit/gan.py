@@ -95,6 +95,8 @@ class GAN(CustomModel):
         self.num_classes = num_classes
         self.seed = seed
         self.noise_generator = keras.random.SeedGenerator(seed)
+        # Evaluation draws its own noise, so validation does not change training.
+        self.eval_noise_generator = keras.random.SeedGenerator(None if seed is None else seed + 1)
         if loss == "wgan-gp":
             self.logged_values = ("d_loss", "g_loss", "gradient_penalty")
         self.built = True
@@ -141,18 +143,19 @@ class GAN(CustomModel):
         """Generates samples from noise (``[noise, labels]`` when conditional)."""
         return self.generator(inputs, training=training)
 
-    def sample_noise(self, batch_size: Any):
-        """Noise for ``batch_size`` samples from the seeded generator.
+    def sample_noise(self, batch_size: Any, training: bool = True):
+        """Noise for ``batch_size`` samples from the seeded generator (evaluation: its own).
 
         Under ``tf.distribute`` every replica draws the noise of the whole
         global batch (same seed state) and keeps its own slice, so training
         matches one device that draws the global batch at once.
         """
+        seed = self.noise_generator if training else self.eval_noise_generator
         context = tf.distribute.get_replica_context()
         replicas = context.num_replicas_in_sync if context is not None else 1
         if replicas == 1:
-            return keras.random.normal((batch_size, self.latent_dim), seed=self.noise_generator)
-        noise = keras.random.normal((batch_size * replicas, self.latent_dim), seed=self.noise_generator)
+            return keras.random.normal((batch_size, self.latent_dim), seed=seed)
+        noise = keras.random.normal((batch_size * replicas, self.latent_dim), seed=seed)
         start = context.replica_id_in_sync_group * batch_size
         return noise[start : start + batch_size]
 
@@ -179,14 +182,14 @@ class GAN(CustomModel):
             return batch_mean(ops.softplus(-fake_logits))
         return -batch_mean(fake_logits)
 
-    def gradient_penalty(self, real, fake, labels):
+    def gradient_penalty(self, real, fake, labels, training: bool = True):
         """WGAN-GP penalty: mean of (||d critic / d x|| - 1)^2 at points between real and fake.
 
         Computed with a tape nested inside the discriminator's tape, so the
         update differentiates through it (a second-order gradient).
         """
         shape = [ops.shape(real)[0]] + [1] * (len(real.shape) - 1)
-        alpha = keras.random.uniform(shape, seed=self.noise_generator)
+        alpha = keras.random.uniform(shape, seed=self.noise_generator if training else self.eval_noise_generator)
         between = real + alpha * (ops.cast(fake, real.dtype) - real)
         with tf.GradientTape() as tape:
             tape.watch(between)
@@ -234,12 +237,13 @@ class GAN(CustomModel):
     def test_step(self, data: Any) -> dict:
         """The same losses on a batch without updates (``val_d_loss``, ``val_g_loss``)."""
         real, labels = self._unpack_real(data)
-        fake = self.generator(self._generator_inputs(self.sample_noise(ops.shape(real)[0]), labels), training=False)
+        noise = self.sample_noise(ops.shape(real)[0], training=False)
+        fake = self.generator(self._generator_inputs(noise, labels), training=False)
         fake_logits = self._discriminate(fake, labels, training=False)
         d_loss = self.discriminator_loss(self._discriminate(real, labels, training=False), fake_logits)
         penalty = ops.zeros(())
         if self.loss_name == "wgan-gp":
-            penalty = self.gradient_penalty(real, fake, labels)
+            penalty = self.gradient_penalty(real, fake, labels, training=False)
             d_loss = d_loss + self.gradient_penalty_weight * penalty
         self._log(real, d_loss, self.generator_loss(fake_logits), penalty)
         return self.get_metrics_result()

@@ -372,3 +372,15 @@ def test_gan_argument_errors_say_how_to_fix():
     unbuilt = keras.Sequential([keras.layers.Dense(1)])
     with pytest.raises(ValueError, match=r"GAN expected a built keras.Model as discriminator, received Sequential \(not built\)\. Fix: build it with an Input"):
         custom_fit.GAN(generator, unbuilt, LATENT)
+
+
+def test_validation_does_not_change_training():
+    """Evaluation draws its own noise: fit with and without validation_data trains identically."""
+    x, _ = digits(128)
+    weights = []
+    for validation in (None, (x[:64],)):
+        gan = make_gan("wgan-gp")
+        gan.compile()
+        gan.fit(x, batch_size=32, epochs=2, shuffle=False, verbose=0, validation_data=validation)
+        weights.append(gan.get_weights())
+    assert parity.max_delta(weights[0], weights[1]) == 0.0
