@@ -150,7 +150,7 @@ class GAN(CustomModel):
         global batch (same seed state) and keeps its own slice, so training
         matches one device that draws the global batch at once.
         """
-        seed = self.noise_generator if training else self.eval_noise_generator
+        seed = self._noise_seed(training)
         context = tf.distribute.get_replica_context()
         replicas = context.num_replicas_in_sync if context is not None else 1
         if replicas == 1:
@@ -158,6 +158,10 @@ class GAN(CustomModel):
         noise = keras.random.normal((batch_size * replicas, self.latent_dim), seed=seed)
         start = context.replica_id_in_sync_group * batch_size
         return noise[start : start + batch_size]
+
+    def _noise_seed(self, training: bool) -> keras.random.SeedGenerator:
+        """The training noise generator, or evaluation's own (validation must not change training)."""
+        return self.noise_generator if training else self.eval_noise_generator
 
     def _generator_inputs(self, noise, labels):
         return noise if self.num_classes is None else [noise, labels]
@@ -189,7 +193,7 @@ class GAN(CustomModel):
         update differentiates through it (a second-order gradient).
         """
         shape = [ops.shape(real)[0]] + [1] * (len(real.shape) - 1)
-        alpha = keras.random.uniform(shape, seed=self.noise_generator if training else self.eval_noise_generator)
+        alpha = keras.random.uniform(shape, seed=self._noise_seed(training))
         between = real + alpha * (ops.cast(fake, real.dtype) - real)
         with tf.GradientTape() as tape:
             tape.watch(between)

@@ -61,6 +61,16 @@ class UnusedRegularizationWarning(UserWarning):
 
 _DEFAULT_OPTIMIZER = "rmsprop"  # keras.Model.compile's default
 
+
+class _Unset:
+    """Marks a ``compile()`` call that passed no optimizer (``None`` means "no optimizer")."""
+
+    def __repr__(self) -> str:
+        return f"<keras default: {_DEFAULT_OPTIMIZER!r}>"
+
+
+_UNSET = _Unset()
+
 # What each model has already warned about (sets of gradient-less variables,
 # warning categories). A weak mapping outside the model, because attributes set
 # on a built Keras layer become tracked layer state.
@@ -133,7 +143,7 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
 
     def compile(
         self,
-        optimizer: Any = "__default__",
+        optimizer: Any = _UNSET,
         *args: Any,
         clip_after_aggregation: bool = False,
         **kwargs: Any,
@@ -169,7 +179,7 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
             >>> model.compile(optimizer=keras.optimizers.SGD(global_clipnorm=1.0),
             ...               loss="mse", clip_after_aggregation=True)
         """
-        if optimizer == "__default__":
+        if optimizer is _UNSET:
             optimizer = None if self._compile_overridden() else _DEFAULT_OPTIMIZER
         named = isinstance(optimizer, Mapping)
         if named:

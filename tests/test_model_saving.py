@@ -66,17 +66,22 @@ def uninterrupted(build, epochs=4):
     return model, fit(model, epochs)
 
 
+def saved_and_loaded(build, path):
+    """Trains ``build()`` for 2 epochs, saves it to ``path`` (.keras), loads it back."""
+    keras.utils.set_random_seed(SEED)
+    model = build()
+    model.compile(**COMPILE)
+    fit(model, 2)
+    model.save(path)
+    return model, keras.models.load_model(path)  # no custom_objects
+
+
 @pytest.mark.parametrize("kind", list(BUILDERS))
 def test_keras_file_round_trip_resumes_exactly(kind, tmp_path):
     build = BUILDERS[kind]
     reference, reference_history = uninterrupted(build)
 
-    keras.utils.set_random_seed(SEED)
-    model = build()
-    model.compile(**COMPILE)
-    fit(model, 2)
-    model.save(tmp_path / "m.keras")
-    loaded = keras.models.load_model(tmp_path / "m.keras")  # no custom_objects
+    model, loaded = saved_and_loaded(build, tmp_path / "m.keras")
 
     assert type(loaded) is type(model)
     assert isinstance(loaded, custom_fit.CustomModel) and loaded.compiled
@@ -147,11 +152,6 @@ def test_plain_keras_does_not_restore_dropout_state(tmp_path):
         return keras.Model(inputs, keras.layers.Dense(parity.N_CLASSES, activation="softmax")(h))
 
     reference, _ = uninterrupted(plain)
-    keras.utils.set_random_seed(SEED)
-    model = plain()
-    model.compile(**COMPILE)
-    fit(model, 2)
-    model.save(tmp_path / "plain.keras")
-    loaded = keras.models.load_model(tmp_path / "plain.keras")
+    _, loaded = saved_and_loaded(plain, tmp_path / "plain.keras")
     fit(loaded, 4, initial_epoch=2)
     assert parity.max_delta(reference.get_weights(), loaded.get_weights()) > 1e-4
