@@ -18,7 +18,7 @@ from typing import Sequence
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras  # noqa: E402
+from tensorflow import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from custom_fit.model import CustomModel  # noqa: E402

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import keras
 import numpy as np
 import tensorflow as tf
-from keras import ops
 
+from custom_fit import _compat
+from custom_fit._compat import keras
 from custom_fit.losses import batch_mean, regularization_loss
 from custom_fit.model import CustomModel
 
@@ -94,9 +94,9 @@ class GAN(CustomModel):
         self.gradient_penalty_weight = float(gradient_penalty_weight)
         self.num_classes = num_classes
         self.seed = seed
-        self.noise_generator = keras.random.SeedGenerator(seed)
+        self.noise_generator = _compat.SeedGenerator(seed, name="noise_generator")
         # Evaluation draws its own noise, so validation does not change training.
-        self.eval_noise_generator = keras.random.SeedGenerator(None if seed is None else seed + 1)
+        self.eval_noise_generator = _compat.SeedGenerator(None if seed is None else seed + 1, name="eval_noise_generator")
         if loss == "wgan-gp":
             self.logged_values = ("d_loss", "g_loss", "gradient_penalty")
         self.built = True
@@ -154,12 +154,12 @@ class GAN(CustomModel):
         context = tf.distribute.get_replica_context()
         replicas = context.num_replicas_in_sync if context is not None else 1
         if replicas == 1:
-            return keras.random.normal((batch_size, self.latent_dim), seed=seed)
-        noise = keras.random.normal((batch_size * replicas, self.latent_dim), seed=seed)
+            return _compat.random_normal((batch_size, self.latent_dim), seed)
+        noise = _compat.random_normal((batch_size * replicas, self.latent_dim), seed)
         start = context.replica_id_in_sync_group * batch_size
         return noise[start : start + batch_size]
 
-    def _noise_seed(self, training: bool) -> keras.random.SeedGenerator:
+    def _noise_seed(self, training: bool) -> Any:
         """The training noise generator, or evaluation's own (validation must not change training)."""
         return self.noise_generator if training else self.eval_noise_generator
 
@@ -168,22 +168,22 @@ class GAN(CustomModel):
 
     def _discriminate(self, samples, labels, training: bool):
         inputs = samples if self.num_classes is None else [samples, labels]
-        return ops.cast(self.discriminator(inputs, training=training), "float32")
+        return tf.cast(self.discriminator(inputs, training=training), "float32")
 
     # -- losses --------------------------------------------------------------
 
     def discriminator_loss(self, real_logits, fake_logits):
         """The discriminator's (critic's) loss from its logits on real and generated samples."""
         if self.loss_name == "bce":
-            return batch_mean(ops.softplus(-real_logits)) + batch_mean(ops.softplus(fake_logits))
+            return batch_mean(tf.nn.softplus(-real_logits)) + batch_mean(tf.nn.softplus(fake_logits))
         if self.loss_name == "hinge":
-            return batch_mean(ops.relu(1.0 - real_logits)) + batch_mean(ops.relu(1.0 + fake_logits))
+            return batch_mean(tf.nn.relu(1.0 - real_logits)) + batch_mean(tf.nn.relu(1.0 + fake_logits))
         return batch_mean(fake_logits) - batch_mean(real_logits)
 
     def generator_loss(self, fake_logits):
         """The generator's loss from the discriminator's logits on generated samples."""
         if self.loss_name == "bce":  # non-saturating: -log(sigmoid(fake))
-            return batch_mean(ops.softplus(-fake_logits))
+            return batch_mean(tf.nn.softplus(-fake_logits))
         return -batch_mean(fake_logits)
 
     def gradient_penalty(self, real, fake, labels, training: bool = True):
@@ -192,27 +192,27 @@ class GAN(CustomModel):
         Computed with a tape nested inside the discriminator's tape, so the
         update differentiates through it (a second-order gradient).
         """
-        shape = [ops.shape(real)[0]] + [1] * (len(real.shape) - 1)
-        alpha = keras.random.uniform(shape, seed=self._noise_seed(training))
-        between = real + alpha * (ops.cast(fake, real.dtype) - real)
+        shape = [tf.shape(real)[0]] + [1] * (len(real.shape) - 1)
+        alpha = _compat.random_uniform(shape, self._noise_seed(training))
+        between = real + alpha * (tf.cast(fake, real.dtype) - real)
         with tf.GradientTape() as tape:
             tape.watch(between)
             logits = self._discriminate(between, labels, training=True)
         grads = tape.gradient(logits, between)
-        norm = ops.sqrt(ops.sum(ops.square(grads), axis=list(range(1, len(grads.shape)))) + 1e-12)
-        return batch_mean(ops.square(norm - 1.0))
+        norm = tf.sqrt(tf.reduce_sum(tf.square(grads), axis=list(range(1, len(grads.shape)))) + 1e-12)
+        return batch_mean(tf.square(norm - 1.0))
 
     # -- steps ---------------------------------------------------------------
 
     def train_discriminator(self, real, labels=None):
         """One discriminator update; returns ``(d_loss, gradient_penalty)``."""
-        batch_size = ops.shape(real)[0]
+        batch_size = tf.shape(real)[0]
         fake = self.generator(self._generator_inputs(self.sample_noise(batch_size), labels), training=True)
         with tf.GradientTape() as tape:
             real_logits = self._discriminate(real, labels, training=True)
             fake_logits = self._discriminate(fake, labels, training=True)
             d_loss = self.discriminator_loss(real_logits, fake_logits)
-            penalty = ops.zeros(())
+            penalty = tf.zeros(())
             if self.loss_name == "wgan-gp":
                 penalty = self.gradient_penalty(real, fake, labels)
                 d_loss = d_loss + self.gradient_penalty_weight * penalty
@@ -234,18 +234,18 @@ class GAN(CustomModel):
         real, labels = self._unpack_real(data)
         for _ in range(self.discriminator_steps):
             d_loss, penalty = self.train_discriminator(real, labels)
-        g_loss = self.train_generator(ops.shape(real)[0], labels)
+        g_loss = self.train_generator(tf.shape(real)[0], labels)
         self._log(real, d_loss, g_loss, penalty)
         return self.get_metrics_result()
 
     def test_step(self, data: Any) -> dict:
         """The same losses on a batch without updates (``val_d_loss``, ``val_g_loss``)."""
         real, labels = self._unpack_real(data)
-        noise = self.sample_noise(ops.shape(real)[0], training=False)
+        noise = self.sample_noise(tf.shape(real)[0], training=False)
         fake = self.generator(self._generator_inputs(noise, labels), training=False)
         fake_logits = self._discriminate(fake, labels, training=False)
         d_loss = self.discriminator_loss(self._discriminate(real, labels, training=False), fake_logits)
-        penalty = ops.zeros(())
+        penalty = tf.zeros(())
         if self.loss_name == "wgan-gp":
             penalty = self.gradient_penalty(real, fake, labels, training=False)
             d_loss = d_loss + self.gradient_penalty_weight * penalty
@@ -280,11 +280,11 @@ class GAN(CustomModel):
                 ``0, 1, ..., num_classes - 1`` repeated).
             seed: Seed of the noise.
         """
-        noise = keras.random.normal((n, self.latent_dim), seed=seed)
+        noise = _compat.random_normal((n, self.latent_dim), seed)
         if self.num_classes is not None:
             labels = np.arange(n) % self.num_classes if labels is None else np.asarray(labels)
-            labels = ops.convert_to_tensor(labels.astype("int32"))
-        return keras.ops.convert_to_numpy(self.generator(self._generator_inputs(noise, labels), training=False))
+            labels = tf.convert_to_tensor(labels.astype("int32"))
+        return np.asarray(self.generator(self._generator_inputs(noise, labels), training=False))
 
 
 class GenerateSamples(keras.callbacks.Callback):

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import keras
-from keras import ops
+import tensorflow as tf
 
 from custom_fit import _compat
 
@@ -36,13 +35,13 @@ def batch_mean(values: Any, sample_weight: Any = None):
         >>> float(custom_fit.batch_mean(np.array([1.0, 2.0, 3.0])))
         2.0
     """
-    values = ops.cast(ops.convert_to_tensor(values), "float32")
+    values = tf.cast(tf.convert_to_tensor(values), "float32")
     if sample_weight is not None:
-        values = values * ops.cast(sample_weight, "float32")
-    return _compat.scale_loss_for_distribution(ops.mean(values))
+        values = values * tf.cast(sample_weight, "float32")
+    return _compat.scale_loss_for_distribution(tf.reduce_mean(values))
 
 
-def regularization_loss(layer: keras.Layer):
+def regularization_loss(layer: Any):
     """The sum of ``layer.losses`` (weight and activity penalties), scaled like Keras does.
 
     Keras adds ``model.losses`` to the loss only in ``compute_loss``; a
@@ -57,7 +56,7 @@ def regularization_loss(layer: keras.Layer):
         >>> float(custom_fit.regularization_loss(dense))
         1.0
     """
-    losses = [ops.sum(ops.cast(loss, "float32")) for loss in layer.losses]
+    losses = [tf.reduce_sum(tf.cast(loss, "float32")) for loss in layer.losses]
     if not losses:
-        return ops.zeros((), "float32")
-    return _compat.scale_loss_for_distribution(ops.sum(ops.stack(losses)))
+        return tf.zeros((), "float32")
+    return _compat.scale_loss_for_distribution(tf.reduce_sum(tf.stack(losses)))

@@ -25,11 +25,10 @@ import warnings
 import weakref
 from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence
 
-import keras
 import tensorflow as tf
 
 from custom_fit import _compat
-from custom_fit.compiled import CompiledLoss, CompiledMetrics
+from custom_fit._compat import keras
 from custom_fit.optimizers import NamedOptimizers
 
 GradsAndVars = list[tuple[Any, Any]]
@@ -145,7 +144,7 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
         self,
         optimizer: Any = _UNSET,
         *args: Any,
-        clip_after_aggregation: bool = False,
+        clip_after_aggregation: bool | None = None,
         **kwargs: Any,
     ) -> None:
         """Configures the model for training: ``keras.Model.compile`` plus named optimizers.
@@ -161,12 +160,14 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
                 member is wrapped for loss scaling.
             *args: As for ``keras.Model.compile`` (``loss``, ...).
             clip_after_aggregation: Under a multi-replica ``tf.distribute``
-                strategy, sum the gradients across replicas *before*
+                strategy, ``True`` sums the gradients across replicas *before*
                 :meth:`transform_gradients` and the optimizer's ``clipnorm``,
                 ``global_clipnorm`` or ``clipvalue``, so clipping sees the
-                global gradient and gives the update one device would. Keras
-                clips each replica's gradient and then sums (the default,
-                ``False``, keeps that). Without a strategy it changes nothing.
+                global gradient and gives the update one device would.
+                ``None`` (default) keeps what the Keras in use does: Keras 3
+                clips each replica's gradient and then sums; Keras 2 always
+                sums first (so ``False`` raises there). Without a strategy it
+                changes nothing.
             **kwargs: As for ``keras.Model.compile``.
 
         A subclass that overrides ``compile`` with its own signature (the
@@ -181,20 +182,27 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
         """
         if optimizer is _UNSET:
             optimizer = None if self._compile_overridden() else _DEFAULT_OPTIMIZER
-        named = isinstance(optimizer, Mapping)
-        if named:
+        _compat.check_compile_arguments(self, optimizer, dict(kwargs, loss=args[0]) if args else kwargs)
+        if clip_after_aggregation is False and _compat.CLIPS_AFTER_AGGREGATION:
+            raise _compat.needs_keras_3(
+                "compile(clip_after_aggregation=False) (clipping each replica's gradient)",
+                "leave clip_after_aggregation out: Keras 2 optimizers clip the summed gradient",
+            )
+        if isinstance(optimizer, Mapping):
             optimizer = NamedOptimizers(optimizer)
         if isinstance(optimizer, NamedOptimizers):
             optimizer.set_owners({name: getattr(self, name, None) for name in optimizer})
             if self.dtype_policy.name == "mixed_float16" and kwargs.get("auto_scale_loss", True):
                 optimizer.wrap_for_loss_scaling()
-            kwargs["auto_scale_loss"] = False  # members are wrapped, not the group
+            if not _compat.KERAS_2:
+                kwargs["auto_scale_loss"] = False  # members are wrapped, not the group
         super().compile(optimizer, *args, **kwargs)
-        names = [name for name in self.logged_values if name != "loss"]
+        # "loss" goes to Keras' own tracker where there is one (Keras 2 has none without a compiled loss).
+        names = [name for name in self.logged_values if name != "loss" or _compat.loss_tracker(self) is None]
         _compat.set_untracked(self, "_value_trackers", _compat.LoggedValues(names) if names else None)
-        self.clip_after_aggregation = bool(clip_after_aggregation)
+        self.clip_after_aggregation = bool(clip_after_aggregation) or _compat.CLIPS_AFTER_AGGREGATION
         if clip_after_aggregation:
-            self._compile_config.config["clip_after_aggregation"] = True
+            _compat.record_compile_option(self, "clip_after_aggregation", True)
 
     def compile_from_config(self, config: dict) -> None:
         """Re-runs :meth:`compile` from :meth:`get_compile_config` (used by ``load_model``)."""
@@ -325,16 +333,17 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
             )
             return
         with _compat.recording(tape):
-            loss = optimizer.scale_loss(loss)
+            loss = _compat.scale_loss(optimizer, loss)
         gradients = self.compute_gradients(loss, tape, variables)
+        gradients = _compat.unscale_gradients(optimizer, gradients)  # Keras 2 only
         grads_and_vars = self._drop_missing_gradients(gradients, variables, optimizer)
         replica_context = _compat.replica_context_with_peers()
         if replica_context is None or not getattr(self, "clip_after_aggregation", False):
             grads_and_vars = self.transform_gradients(grads_and_vars)
             self.apply_gradients(grads_and_vars, optimizer=optimizer)
             return
-        # clip_after_aggregation: transform and clip the global gradient.
-        grads_and_vars = _compat.sum_across_replicas(replica_context, grads_and_vars)
+        # Transform and clip the global gradient (always on Keras 2).
+        grads_and_vars = _compat.sum_across_replicas(replica_context, optimizer, grads_and_vars)
         grads_and_vars = self.transform_gradients(grads_and_vars)
         with _compat.gradients_already_summed(optimizer):
             self.apply_gradients(grads_and_vars, optimizer=optimizer)
@@ -395,20 +404,6 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
         self._resolve_optimizer(optimizer).apply_gradients(grads_and_vars)
 
     # ------------------------------------------------------------------
-    # Keras 2 names
-    # ------------------------------------------------------------------
-
-    @property
-    def compiled_loss(self) -> CompiledLoss:  # type: ignore[override]
-        """Keras-2 ``compiled_loss``: see :class:`custom_fit.compiled.CompiledLoss`."""
-        return CompiledLoss(self)
-
-    @property
-    def compiled_metrics(self) -> CompiledMetrics:  # type: ignore[override]
-        """Keras-2 ``compiled_metrics``: see :class:`custom_fit.compiled.CompiledMetrics`."""
-        return CompiledMetrics(self)
-
-    # ------------------------------------------------------------------
     # Reported values and metrics
     # ------------------------------------------------------------------
 
@@ -442,7 +437,7 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
             ...         self.log_values(x, mse=mse, mae=mae)
             ...         return self.get_metrics_result()
         """
-        if not self.compiled:
+        if not _compat.is_compiled(self):
             raise ValueError(
                 f"log_values() needs a compiled model: expected `compile()` to have "
                 f"created trackers for {list(self.logged_values)}; model '{self.name}' "
@@ -459,7 +454,7 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
                     f"Expected only declared names. Fix: add {name!r} to `logged_values` "
                     "(a class attribute) before compile()."
                 )
-            tracker = _compat.loss_tracker(self) if name == "loss" else trackers[name]
+            tracker = trackers[name] if trackers is not None and name in trackers else _compat.loss_tracker(self)
             tracker.update_state(_compat.unscale_loss_for_distribution(value), sample_weight=batch_size)
 
     @property
@@ -470,13 +465,14 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
         ``loss`` entry (it would always read 0).
         """
         metrics = super().metrics
-        if not self.logged_values or not self.compiled:
+        if not self.logged_values or not _compat.is_compiled(self):
             return metrics
         loss_tracker = _compat.loss_tracker(self)
         keep_loss = _compat.has_compiled_loss(self) or "loss" in self.logged_values
         head = [loss_tracker] if keep_loss and loss_tracker in metrics else []
-        trackers = [self._value_trackers] if self._value_trackers is not None else []
-        return head + trackers + [m for m in metrics if m is not loss_tracker]
+        trackers = self._value_trackers
+        own = _compat.logged_value_metrics(trackers) if trackers is not None else []
+        return head + own + [m for m in metrics if m is not loss_tracker]
 
     def get_metrics_result(self) -> dict:
         """The current value of every metric, as a flat dict.
@@ -533,7 +529,7 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
         (:class:`UnusedRegularizationWarning`).
         """
         if self.train_function is None or force:
-            self.train_function = _compat.make_step_function(self, _flat_logs(self._checked_train_step))
+            self.train_function = _compat.make_train_function(self, _flat_logs(self._checked_train_step))
         return self.train_function
 
     def _checked_train_step(self, data: Any) -> Any:
@@ -578,7 +574,7 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
     def make_test_function(self, force: bool = False) -> Callable:
         """Builds ``self.test_function`` around :meth:`test_step` (logs flattened)."""
         if self.test_function is None or force:
-            self.test_function = _compat.make_step_function(self, _flat_logs(self.test_step))
+            self.test_function = _compat.make_test_function(self, _flat_logs(self.test_step))
         return self.test_function
 
     def make_predict_function(self, force: bool = False) -> Callable:
@@ -696,7 +692,7 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
                 MissingGradientWarning,
                 stacklevel=3,
             )
-        if not optimizer.built:
+        if not _compat.optimizer_built(optimizer):
             # Build on every variable, as Keras does when it filters `None`s,
             # so optimizer state does not depend on which gradients exist.
             optimizer.build(list(variables))

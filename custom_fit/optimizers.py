@@ -21,9 +21,8 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping
 
-import keras
-
 from custom_fit import _compat
+from custom_fit._compat import keras
 
 
 @keras.saving.register_keras_serializable(package="custom_fit")
@@ -57,7 +56,7 @@ class NamedOptimizers(keras.optimizers.Optimizer):
         name: str = "named_optimizers",
         **kwargs: Any,
     ):
-        super().__init__(learning_rate=0.0, name=name, **kwargs)
+        super().__init__(name=name, **_compat.optimizer_group_kwargs(), **kwargs)
         if not isinstance(optimizers, Mapping) or not optimizers:
             raise ValueError(
                 "NamedOptimizers expected a non-empty dict {name: optimizer}, "
@@ -75,6 +74,10 @@ class NamedOptimizers(keras.optimizers.Optimizer):
         _compat.set_untracked(self, "_owners", {})
         _compat.set_untracked(self, "_owner_of_variable", {})
         _compat.set_untracked(self, "_model_variables", [])
+        _compat.set_untracked(self, "_built_on", {})
+
+    #: Marks the group for ``CustomModel``'s compile (Keras 2 must not wrap it for loss scaling).
+    is_optimizer_group = True
 
     # -- mapping ------------------------------------------------------------
 
@@ -125,8 +128,8 @@ class NamedOptimizers(keras.optimizers.Optimizer):
     def wrap_for_loss_scaling(self) -> None:
         """Wraps every member in a ``LossScaleOptimizer`` (``mixed_float16``), once."""
         for name, optimizer in self._members.items():
-            if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-                self._members[name] = keras.optimizers.LossScaleOptimizer(optimizer, name=f"{name}_loss_scale")
+            if not isinstance(optimizer, _compat.LossScaleOptimizer):
+                self._members[name] = _compat.wrap_for_loss_scaling(optimizer, f"{name}_loss_scale")
 
     def set_owners(self, owners: Mapping[str, Any]) -> None:
         """Layers whose trainable variables a member updates (``{name: layer}``)."""
@@ -134,7 +137,7 @@ class NamedOptimizers(keras.optimizers.Optimizer):
 
     def build(self, variables) -> None:
         """Builds every member whose variables are known; records the model's variables."""
-        if self.built:
+        if _compat.optimizer_built(self):
             return
         _compat.set_untracked(self, "_model_variables", list(variables))
         for name in self._members:
@@ -142,6 +145,7 @@ class NamedOptimizers(keras.optimizers.Optimizer):
             if own is not None:
                 self.build_member(name, own)
         super().build(self._model_variables)
+        _compat.mark_built(self)
 
     def build_member(self, name: str, variables) -> None:
         """Builds member ``name`` on ``variables``; errors if another member owns one of them."""
@@ -161,8 +165,9 @@ class NamedOptimizers(keras.optimizers.Optimizer):
             )
         for v in variables:
             self._owner_of_variable[id(v)] = name
+        self._built_on[name] = variables
         member = self._members[name]
-        if not member.built:
+        if not _compat.optimizer_built(member):
             member.build(variables)
 
     def _known_variables(self, name: str):
@@ -175,9 +180,7 @@ class NamedOptimizers(keras.optimizers.Optimizer):
 
     def member_variables(self, name: str) -> list:
         """The variables member ``name`` was built with (empty before it is built)."""
-        member = self._members[name]
-        inner = getattr(member, "inner_optimizer", member)
-        return list(getattr(inner, "_trainable_variables", []) or [])
+        return list(self._built_on.get(name, []))
 
     # -- saving -------------------------------------------------------------
 

@@ -13,7 +13,7 @@ import math
 import types
 from typing import Any, Callable
 
-import keras
+from tensorflow import keras
 import numpy as np
 
 RESULTS: dict[str, dict[str, float]] = {}

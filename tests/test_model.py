@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 
-import keras
+from tensorflow import keras
 import numpy as np
 import pytest
 import tensorflow as tf

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import csv
 
-import keras
+from tensorflow import keras
 import pytest
 import tensorflow as tf
 
 import custom_fit
+from custom_fit import _compat
 from tests import parity
 
 DATA = parity.classification_data()
@@ -39,7 +40,7 @@ class AddsLoss(keras.layers.Layer):
     """Calls ``add_loss`` on its activations."""
 
     def call(self, x):
-        self.add_loss(1e-2 * keras.ops.mean(keras.ops.square(x)))
+        self.add_loss(1e-2 * tf.reduce_mean(tf.square(x)))
         return x
 
 
@@ -137,10 +138,13 @@ def cases(tmp_path_factory):
         ),
         "steps_per_execution=4": (mlp, dict(CLASSIFY, steps_per_execution=4), arrays(), val),
         "callbacks": (mlp, CLASSIFY, callbacks_case(tmp_path_factory), val),
-        "jit_compile=True": (lambda b: mlp(b, bn_dropout=True), dict(CLASSIFY, jit_compile=True), arrays(), val),
+        # tf_keras' Dropout is not deterministic under XLA (keras.Model vs itself:
+        # max |delta| weights 0.0127), so on Keras 2 the XLA case has no Dropout.
+        "jit_compile=True": (lambda b: mlp(b, bn_dropout=not _compat.KERAS_2), dict(CLASSIFY, jit_compile=True), arrays(), val),
         "run_eagerly=True": (lambda b: mlp(b, bn_dropout=True), dict(CLASSIFY, run_eagerly=True), arrays(), val),
+        "clipnorm": (mlp, dict(CLASSIFY, optimizer=keras.optimizers.Adam(clipnorm=0.1)), arrays(), val),
         "gradient_accumulation_steps=3 + clipnorm": (
-            mlp, dict(CLASSIFY, optimizer=keras.optimizers.Adam(gradient_accumulation_steps=3, clipnorm=0.1)), arrays(), val),
+            mlp, dict(CLASSIFY, optimizer=lambda: keras.optimizers.Adam(gradient_accumulation_steps=3, clipnorm=0.1)), arrays(), val),
         "global_clipnorm": (mlp, dict(CLASSIFY, optimizer=keras.optimizers.SGD(0.5, global_clipnorm=0.05)), arrays(), val),
         "clipvalue": (mlp, dict(CLASSIFY, optimizer=keras.optimizers.RMSprop(clipvalue=0.01)), arrays(), val),
         "validation_split=0.2": (
@@ -151,7 +155,8 @@ def cases(tmp_path_factory):
     }
 
 
-CASE_NAMES = list(cases(None))
+KERAS3_ONLY = {"gradient_accumulation_steps=3 + clipnorm"}  # Keras 2 optimizers do not accumulate
+CASE_NAMES = [pytest.param(name, marks=pytest.mark.keras3) if name in KERAS3_ONLY else name for name in cases(None)]
 
 
 @pytest.mark.parametrize("case", CASE_NAMES)
@@ -182,7 +187,7 @@ def test_callbacks_write_identical_files(seed, tmp_path_factory):
         runs[base] = (run, rows, restored.get_weights())
     (_, rows_ref, best_ref), (run, rows, best) = runs[keras.Model], runs[custom_fit.CustomModel]
     assert len(run.history["loss"]) < 6, "EarlyStopping should have stopped the run early"
-    assert "learning_rate" in rows[0]
+    assert "learning_rate" in rows[0] or "lr" in rows[0]  # the LR callbacks' log key (Keras 3 / Keras 2)
     assert rows == rows_ref
     assert parity.max_delta(best_ref, best) == 0.0
 
@@ -262,6 +267,7 @@ def test_mixed_precision_matches_keras_model(seed, mixed_float16):
     reference = parity.train(mlp, keras.Model, seed=seed, compile_kwargs=CLASSIFY, fit_args=arrays(), eval_args=val)
     candidate = parity.train(mlp, custom_fit.CustomModel, seed=seed, compile_kwargs=CLASSIFY, fit_args=arrays(), eval_args=val)
     assert candidate.model.compute_dtype == "float16"
-    assert isinstance(candidate.model.optimizer, keras.optimizers.LossScaleOptimizer)
-    assert float(candidate.model.optimizer.dynamic_scale) == float(reference.model.optimizer.dynamic_scale) > 1
+    assert isinstance(candidate.model.optimizer, keras.mixed_precision.LossScaleOptimizer)
+    scale = lambda optimizer: float(getattr(optimizer, "dynamic_scale", None) or optimizer.loss_scale)  # noqa: E731  (Keras 3 / 2)
+    assert scale(candidate.model.optimizer) == scale(reference.model.optimizer) > 1
     parity.assert_same("Model: mixed_float16", reference, candidate)

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-import keras
+from tensorflow import keras
 import numpy as np
 import pytest
 import tensorflow as tf

@@ -7,7 +7,7 @@ import pathlib
 import re
 import textwrap
 
-import keras
+from tensorflow import keras
 import numpy as np
 import pytest
 

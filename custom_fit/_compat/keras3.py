@@ -1,19 +1,17 @@
-"""The only module that knows Keras' private names.
+"""Keras 3 (the ``keras`` package, TensorFlow backend): the private names custom_fit needs.
 
-Everything here leans on Keras 3 (TensorFlow backend) internals that have no
-public equivalent. Each helper is small, named for what it does, and says which
-private name it touches, so that a Keras upgrade that moves one of them breaks
-exactly one function here instead of the training step.
+Everything here leans on Keras 3 internals that have no public equivalent.
+Each helper is small, named for what it does, and says which private name it
+touches, so that a Keras upgrade that moves one of them breaks exactly one
+function here instead of the training step. :mod:`custom_fit._compat.keras2`
+has the same names for Keras 2.
 
 Nothing in this module is public API.
 """
 
 from __future__ import annotations
 
-import contextlib
-import re
-import weakref
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import keras
 import tensorflow as tf
@@ -25,7 +23,23 @@ from keras.src.models import functional as _functional
 from keras.src.models import model as _model
 from keras.src.saving import object_registration as _registration
 
-KERAS_VERSION: str = keras.version()
+from custom_fit._compat.common import (  # noqa: F401  (re-exported)
+    batch_size_of,
+    explain_xla_errors,
+    is_scalar,
+    loss_scaling_twins,
+    recording,
+    replica_context_with_peers,
+    set_untracked,
+    skippable_aggregation,
+    variable_name,
+)
+
+KERAS_2 = False
+KERAS_VERSION: str = f"keras {keras.version()}"
+
+#: Keras 3 optimizers clip each replica's gradient, then sum across replicas.
+CLIPS_AFTER_AGGREGATION = False
 
 #: The class Keras uses for models built from ``(inputs, outputs)``.
 Functional = _functional.Functional
@@ -34,6 +48,11 @@ Functional = _functional.Functional
 # --------------------------------------------------------------------------
 # Forward pass and data
 # --------------------------------------------------------------------------
+
+
+def is_compiled(model: keras.Model) -> bool:
+    """Whether ``compile()`` was called (``Trainer.compiled``)."""
+    return bool(model.compiled)
 
 
 def call_accepts_training(model: keras.Model) -> bool:
@@ -52,20 +71,9 @@ def forward(model: keras.Model, x: Any, training: bool):
     return model(x)
 
 
-def is_scalar(value: Any) -> bool:
-    """Whether ``value`` is a Python number or a rank-0 tensor."""
-    return isinstance(value, (int, float)) or (hasattr(value, "shape") and len(value.shape) == 0)
-
-
 def scale_loss_for_distribution(loss):
     """Multiplies by ``1 / num_replicas`` under ``tf.distribute``, as every Keras loss does."""
     return _loss_module.scale_loss_for_distribution(loss)
-
-
-def batch_size_of(x: Any) -> tf.Tensor:
-    """The batch size of the first non-``None`` input, as Keras' trainer computes it."""
-    first = next(t for t in tf.nest.flatten(x) if t is not None)
-    return tf.shape(first)[0]
 
 
 def has_compiled_loss(model: keras.Model) -> bool:
@@ -150,6 +158,20 @@ class LoggedValues(_compile_utils.MetricsList):
         return {m.name: m.result() for m in self.metrics}
 
 
+def logged_value_metrics(trackers: LoggedValues) -> list:
+    """The entries :class:`LoggedValues` adds to ``model.metrics``: the ``MetricsList`` itself."""
+    return [trackers]
+
+
+def record_compile_option(model: keras.Model, name: str, value: Any) -> None:
+    """Adds ``name=value`` to the config ``load_model`` passes back to ``compile``."""
+    model._compile_config.config[name] = value
+
+
+def check_compile_arguments(model: keras.Model, optimizer: Any, kwargs: dict) -> None:
+    """Nothing to check: every ``compile()`` argument custom_fit accepts exists on Keras 3."""
+
+
 def unscale_loss_for_distribution(loss):
     """Undoes the ``1 / num_replicas`` factor Keras losses apply under ``tf.distribute``."""
     return _loss_module.unscale_loss_for_distribution(loss)
@@ -172,6 +194,16 @@ def track_loss(model: keras.Model, loss, x: Any) -> None:
 # --------------------------------------------------------------------------
 # Step functions
 # --------------------------------------------------------------------------
+
+
+def make_train_function(model: keras.Model, step: Callable) -> Callable:
+    """The function ``fit`` calls on an iterator: :func:`make_step_function`."""
+    return make_step_function(model, step)
+
+
+def make_test_function(model: keras.Model, step: Callable) -> Callable:
+    """The function ``evaluate`` calls on an iterator: :func:`make_step_function`."""
+    return make_step_function(model, step)
 
 
 def make_step_function(model: keras.Model, step: Callable) -> Callable:
@@ -263,100 +295,43 @@ def reduce_logs(strategy, logs):
     return _tf_trainer.reduce_per_replica(logs, strategy, reduction="auto")
 
 
-_XLA_UNSUPPORTED = re.compile(r"Detected unsupported operations when trying to compile graph \S+ on (\S+): (.*?) \(No registered")
-
-
-def explain_xla_errors(model: keras.Model, function: Callable) -> Callable:
-    """Re-raises TensorFlow's "unsupported operations ... XLA" error as one that names the fix."""
-
-    def function_with_clear_xla_errors(*args):
-        try:
-            return function(*args)
-        except tf.errors.InvalidArgumentError as error:
-            found = _XLA_UNSUPPORTED.search(str(error))
-            if not (model.jit_compile and found):
-                raise
-            device, ops = found.groups()
-            raise ValueError(
-                f"XLA cannot compile the step of model '{model.name}': op {ops} has no "
-                f"XLA kernel on {device}. Expected every op in train/test/predict_step "
-                "to be XLA-compilable because the model was compiled with "
-                f"jit_compile=True; received a step that uses {ops}. Fix: "
-                "`model.compile(..., jit_compile=False)`, or replace that op with an "
-                "XLA-compatible one."
-            ) from error
-
-    return function_with_clear_xla_errors
-
-
-# --------------------------------------------------------------------------
-# Gradient tapes
-# --------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def recording(tape: tf.GradientTape) -> Iterator[None]:
-    """Records on ``tape``: re-enters it, unless it is recording already.
-
-    ``GradientTape._recording`` is private; re-entering a tape that is still
-    recording raises in TensorFlow, so it is checked first.
-    """
-    if tape._recording:
-        yield
-    else:
-        with tape:
-            yield
-
-
 # --------------------------------------------------------------------------
 # Distribution and mixed precision
 # --------------------------------------------------------------------------
 
 
-def replica_context_with_peers():
-    """The current replica context if several replicas run in sync, else ``None``."""
-    context = tf.distribute.get_replica_context()
-    if context is None or context.num_replicas_in_sync <= 1:
-        return None
-    return context
+def optimizer_built(optimizer) -> bool:
+    """Whether ``optimizer`` has created its slots."""
+    return bool(optimizer.built)
 
 
-def sum_across_replicas(context, grads_and_vars: list) -> list:
+def scale_loss(optimizer, loss):
+    """``optimizer.scale_loss(loss)``: multiplied by the loss scale under ``mixed_float16``."""
+    return optimizer.scale_loss(loss)
+
+
+def unscale_gradients(optimizer, gradients: list) -> list:
+    """Gradients as they are: Keras 3's ``LossScaleOptimizer`` unscales in ``apply_gradients``."""
+    return gradients
+
+
+def sum_across_replicas(context, optimizer, grads_and_vars: list) -> list:
     """All-reduces (sums) the gradients of every replica; each replica gets the global sum."""
     summed = context.all_reduce(tf.distribute.ReduceOp.SUM, [g for g, _ in grads_and_vars])
     return [(g, v) for g, (_, v) in zip(summed, grads_and_vars)]
 
 
-@contextlib.contextmanager
-def gradients_already_summed(optimizer) -> Iterator[None]:
-    """Makes ``optimizer`` skip its own cross-replica gradient sum while inside.
-
-    Keras' TensorFlow optimizer sums gradients across replicas in
-    ``_all_reduce_sum_gradients``, after clipping. When the caller has summed
-    them already (to clip the global gradient), that second sum must not run.
-    The switch is a counter on the optimizer (not thread-local): the replica
-    threads of ``MirroredStrategy`` enter one after another, and all of them
-    want the sum skipped.
-    """
-    inner = getattr(optimizer, "inner_optimizer", optimizer)  # LossScaleOptimizer
-    if "_all_reduce_sum_gradients" not in vars(inner):
-        keras_all_reduce = inner._all_reduce_sum_gradients
-
-        def all_reduce_unless_summed(grads_and_vars):
-            if inner._custom_fit_summed_gradients:
-                return list(grads_and_vars)
-            return keras_all_reduce(grads_and_vars)
-
-        inner._all_reduce_sum_gradients = all_reduce_unless_summed
-        inner._custom_fit_summed_gradients = 0
-    inner._custom_fit_summed_gradients += 1
-    try:
-        yield
-    finally:
-        inner._custom_fit_summed_gradients -= 1
+#: ``with gradients_already_summed(optimizer):`` -- ``apply_gradients`` does not sum again
+#: (Keras 3 sums in ``_all_reduce_sum_gradients``, after clipping).
+gradients_already_summed = skippable_aggregation("_all_reduce_sum_gradients")
 
 
-_loss_scaled_twins: "weakref.WeakKeyDictionary[Any, LossScaleOptimizer]" = weakref.WeakKeyDictionary()
+def wrap_for_loss_scaling(optimizer, name: str) -> LossScaleOptimizer:
+    """``optimizer`` in a dynamic ``LossScaleOptimizer`` named ``name``."""
+    return LossScaleOptimizer(optimizer, name=name)
+
+
+_loss_scaled_twin = loss_scaling_twins(lambda optimizer: wrap_for_loss_scaling(optimizer, f"{optimizer.name}_loss_scale"))
 
 
 def loss_scaled(model: keras.Model, optimizer):
@@ -367,24 +342,36 @@ def loss_scaled(model: keras.Model, optimizer):
     """
     if model.dtype_policy.name != "mixed_float16" or isinstance(optimizer, LossScaleOptimizer):
         return optimizer
-    if optimizer not in _loss_scaled_twins:
-        _loss_scaled_twins[optimizer] = LossScaleOptimizer(optimizer, name=f"{optimizer.name}_loss_scale")
-    return _loss_scaled_twins[optimizer]
+    return _loss_scaled_twin(optimizer)
 
 
-def set_untracked(obj: Any, name: str, value: Any) -> None:
-    """Sets an attribute that neither Keras' tracker nor TF checkpointing follows.
-
-    Keras layers and optimizers (and TensorFlow's ``AutoTrackable``) turn
-    attributes into tracked state; bookkeeping such as references to layers
-    or lists of variables must not become part of what is saved.
-    """
-    object.__setattr__(obj, name, value)
+def optimizer_group_kwargs() -> dict:
+    """Arguments for the base ``Optimizer.__init__`` of an optimizer group (its own rate is unused)."""
+    return {"learning_rate": 0.0}
 
 
-def variable_name(variable) -> str:
-    """A variable's path (Keras variables) or name (plain ``tf.Variable``)."""
-    return getattr(variable, "path", None) or variable.name
+def mark_built(optimizer) -> None:
+    """Nothing to do: Keras 3's ``Optimizer.build`` sets ``built``."""
+
+
+# --------------------------------------------------------------------------
+# Random numbers
+# --------------------------------------------------------------------------
+
+
+def SeedGenerator(seed: int | None = None, name: str | None = None) -> keras.random.SeedGenerator:  # noqa: N802
+    """``keras.random.SeedGenerator``: a seed state that advances with every draw."""
+    return keras.random.SeedGenerator(seed, name=name)
+
+
+def random_normal(shape, seed):
+    """Standard normal numbers; ``seed`` is an ``int`` or a :func:`SeedGenerator`."""
+    return keras.random.normal(shape, seed=seed)
+
+
+def random_uniform(shape, seed):
+    """Uniform numbers in ``[0, 1)``; ``seed`` is an ``int`` or a :func:`SeedGenerator`."""
+    return keras.random.uniform(shape, seed=seed)
 
 
 def seed_generator_states(model: keras.Model) -> list:
@@ -436,6 +423,24 @@ class TrainerHooks:
 
     ``CustomModel`` inherits from this mixin before ``keras.Model``.
     """
+
+    # Keras 3 keeps `compiled_loss` / `compiled_metrics` only as deprecated
+    # shims with the wrong meaning; Keras 2 code expects these (Keras 2 has
+    # its own, so the Keras 2 mixin defines neither).
+
+    @property
+    def compiled_loss(self):
+        """Keras-2 ``compiled_loss``: see :class:`custom_fit.compiled.CompiledLoss`."""
+        from custom_fit.compiled import CompiledLoss  # imports this module
+
+        return CompiledLoss(self)
+
+    @property
+    def compiled_metrics(self):
+        """Keras-2 ``compiled_metrics``: see :class:`custom_fit.compiled.CompiledMetrics`."""
+        from custom_fit.compiled import CompiledMetrics  # imports this module
+
+        return CompiledMetrics(self)
 
     def _assert_compile_called(self, method_name: str | None = None) -> None:
         # Keras' own message does not name the method or the fix (and its

@@ -1,0 +1,148 @@
+"""Helpers that are the same on Keras 3 and on Keras 2 (``tf_keras``).
+
+They touch only TensorFlow (and, where named, one private attribute of it);
+the version-specific modules re-export them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import weakref
+from typing import Any, Callable, Iterator
+
+import tensorflow as tf
+
+# --------------------------------------------------------------------------
+# Data
+# --------------------------------------------------------------------------
+
+
+def is_scalar(value: Any) -> bool:
+    """Whether ``value`` is a Python number or a rank-0 tensor."""
+    return isinstance(value, (int, float)) or (hasattr(value, "shape") and len(value.shape) == 0)
+
+
+def batch_size_of(x: Any) -> tf.Tensor:
+    """The batch size of the first non-``None`` input, as Keras' trainers compute it."""
+    first = next(t for t in tf.nest.flatten(x) if t is not None)
+    return tf.shape(first)[0]
+
+
+def set_untracked(obj: Any, name: str, value: Any) -> None:
+    """Sets an attribute that neither Keras' tracker nor TF checkpointing follows.
+
+    Keras layers and optimizers (and TensorFlow's ``AutoTrackable``) turn
+    attributes into tracked state; bookkeeping such as references to layers
+    or lists of variables must not become part of what is saved.
+    """
+    object.__setattr__(obj, name, value)
+
+
+def variable_name(variable) -> str:
+    """A variable's path (Keras 3 variables) or name (``tf.Variable``, Keras 2)."""
+    return getattr(variable, "path", None) or variable.name
+
+
+# --------------------------------------------------------------------------
+# Step functions
+# --------------------------------------------------------------------------
+
+_XLA_UNSUPPORTED = re.compile(
+    r"Detected unsupported operations when trying to compile graph \S+ on (\S+): (.*?) \(No registered"
+)
+
+
+def explain_xla_errors(model, function: Callable) -> Callable:
+    """Re-raises TensorFlow's "unsupported operations ... XLA" error as one that names the fix."""
+
+    def function_with_clear_xla_errors(*args):
+        try:
+            return function(*args)
+        except tf.errors.InvalidArgumentError as error:
+            found = _XLA_UNSUPPORTED.search(str(error))
+            if not (model.jit_compile and found):
+                raise
+            device, ops = found.groups()
+            raise ValueError(
+                f"XLA cannot compile the step of model '{model.name}': op {ops} has no "
+                f"XLA kernel on {device}. Expected every op in train/test/predict_step "
+                "to be XLA-compilable because the model was compiled with "
+                f"jit_compile=True; received a step that uses {ops}. Fix: "
+                "`model.compile(..., jit_compile=False)`, or replace that op with an "
+                "XLA-compatible one."
+            ) from error
+
+    return function_with_clear_xla_errors
+
+
+# --------------------------------------------------------------------------
+# Gradient tapes and distribution
+# --------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def recording(tape: tf.GradientTape) -> Iterator[None]:
+    """Records on ``tape``: re-enters it, unless it is recording already.
+
+    ``GradientTape._recording`` is private; re-entering a tape that is still
+    recording raises in TensorFlow, so it is checked first.
+    """
+    if tape._recording:
+        yield
+    else:
+        with tape:
+            yield
+
+
+def replica_context_with_peers():
+    """The current replica context if several replicas run in sync, else ``None``."""
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync <= 1:
+        return None
+    return context
+
+
+def skippable_aggregation(method: str) -> Callable:
+    """A context manager factory that makes an optimizer's ``method`` pass gradients through.
+
+    Keras optimizers sum gradients across replicas in one method (``method``;
+    its name differs between Keras versions). When the caller has summed them
+    already (to transform or clip the global gradient), that second sum must
+    not run. The switch is a counter on the optimizer (not thread-local): the
+    replica threads of ``MirroredStrategy`` enter one after another, and all
+    of them want the sum skipped.
+    """
+
+    @contextlib.contextmanager
+    def gradients_already_summed(optimizer) -> Iterator[None]:
+        inner = getattr(optimizer, "inner_optimizer", optimizer)  # LossScaleOptimizer
+        if method not in vars(inner):
+            keras_sum = getattr(inner, method)
+
+            def sum_unless_summed(grads_and_vars):
+                if inner._custom_fit_summed_gradients:
+                    return list(grads_and_vars)
+                return keras_sum(grads_and_vars)
+
+            setattr(inner, method, sum_unless_summed)
+            inner._custom_fit_summed_gradients = 0
+        inner._custom_fit_summed_gradients += 1
+        try:
+            yield
+        finally:
+            inner._custom_fit_summed_gradients -= 1
+
+    return gradients_already_summed
+
+
+def loss_scaling_twins(wrap: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``optimizer -> wrap(optimizer)``, made once per optimizer (weakly cached)."""
+    twins: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+
+    def twin(optimizer):
+        if optimizer not in twins:
+            twins[optimizer] = wrap(optimizer)
+        return twins[optimizer]
+
+    return twin

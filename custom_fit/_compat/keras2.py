@@ -1,0 +1,397 @@
+"""Keras 2 (``tf_keras``, selected by ``TF_USE_LEGACY_KERAS=1``): the private names custom_fit needs.
+
+The same helpers as :mod:`custom_fit._compat.keras3`, with the same names and
+signatures, written against ``tf_keras``. Where Keras 2 does a thing natively
+the helper is a pass-through, and says so:
+
+* ``compiled_loss`` / ``compiled_metrics`` are Keras 2's own containers; the
+  compiled loss updates its ``loss`` tracker itself (:func:`track_loss` is a
+  no-op).
+* ``training`` is always passed to ``call`` (Keras 2's ``Layer.__call__``
+  accepts it for every layer).
+* Loss scaling is ``get_scaled_loss`` / ``get_unscaled_gradients`` on the
+  ``LossScaleOptimizer``; gradients are unscaled before they are aggregated.
+* The optimizer sums gradients across replicas *before* clipping
+  (``aggregate_gradients``), so clipping always sees the global gradient.
+
+Nothing in this module is public API.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Callable
+
+import tensorflow as tf
+import tf_keras as keras
+from tf_keras.src.engine import functional as _functional
+from tf_keras.src.engine import keras_tensor as _keras_tensor
+from tf_keras.src.engine import training as _training
+from tf_keras.src.mixed_precision import loss_scale_optimizer as _lso
+from tf_keras.src.saving import object_registration as _registration
+from tf_keras.src.utils import losses_utils as _losses_utils
+
+from custom_fit._compat.common import (  # noqa: F401  (re-exported)
+    batch_size_of,
+    explain_xla_errors,
+    is_scalar,
+    loss_scaling_twins,
+    recording,
+    replica_context_with_peers,
+    set_untracked,
+    skippable_aggregation,
+    variable_name,
+)
+
+KERAS_2 = True
+KERAS_VERSION: str = f"tf_keras {keras.__version__}"
+
+#: The class Keras uses for models built from ``(inputs, outputs)``.
+Functional = _functional.Functional
+
+#: Keras 2 optimizers aggregate gradients across replicas before clipping.
+CLIPS_AFTER_AGGREGATION = True
+
+#: ``LossScaleOptimizer`` classes of this Keras (V3 wraps the current optimizers).
+LossScaleOptimizer = _lso.BaseLossScaleOptimizer
+
+
+def needs_keras_3(feature: str, fix: str) -> ValueError:
+    """The error for a feature that exists only on Keras 3."""
+    return ValueError(
+        f"{feature} needs Keras 3 (keras>=3.0); this process runs Keras 2 "
+        f"({KERAS_VERSION}) because TF_USE_LEGACY_KERAS=1 makes tf.keras tf_keras. "
+        f"Fix: {fix}, or run without TF_USE_LEGACY_KERAS=1 to use Keras 3."
+    )
+
+
+# --------------------------------------------------------------------------
+# Forward pass, losses and metrics
+# --------------------------------------------------------------------------
+
+
+def is_compiled(model) -> bool:
+    """Whether ``compile()`` was called (``Model._is_compiled``)."""
+    return bool(getattr(model, "_is_compiled", False))
+
+
+def forward(model, x: Any, training: bool):
+    """``model(x, training=...)``: Keras 2 accepts ``training`` for every ``call``."""
+    return model(x, training=training)
+
+
+def compute_loss(model, x, y, y_pred, sample_weight, training: bool):
+    """``model.compute_loss``; Keras 2's has no ``training`` argument."""
+    return model.compute_loss(x, y, y_pred, sample_weight)
+
+
+def has_compiled_loss(model) -> bool:
+    """Whether ``compile()`` was given a ``loss`` (``LossesContainer._user_losses``)."""
+    container = getattr(model, "compiled_loss", None)
+    return container is not None and container._user_losses is not None
+
+
+def loss_tracker(model):
+    """The ``Mean`` named ``"loss"`` (``LossesContainer._total_loss_mean``), if a loss was compiled."""
+    return model.compiled_loss._total_loss_mean if has_compiled_loss(model) else None
+
+
+def compiled_metrics_container(model):
+    """``None``: Keras 2's ``model.metrics`` lists the compiled metrics one by one."""
+    return None
+
+
+def scale_loss_for_distribution(loss):
+    """Multiplies by ``1 / num_replicas`` under ``tf.distribute``, as every Keras loss does."""
+    return _losses_utils.scale_loss_for_distribution(loss)
+
+
+def unscale_loss_for_distribution(loss):
+    """Undoes :func:`scale_loss_for_distribution` (Keras 2 has no helper for it)."""
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    return loss if replicas == 1 else loss * tf.cast(replicas, loss.dtype)
+
+
+def track_loss(model, loss, x: Any) -> None:
+    """Nothing to do: Keras 2's compiled loss updates the ``loss`` tracker when called."""
+    return None
+
+
+class LoggedValues:
+    """One batch-size weighted ``Mean`` per logged value.
+
+    Keras 2's callbacks infer "lower is better" from the monitored name
+    (anything not ending in ``acc``/``accuracy``), so no direction is stored.
+    """
+
+    def __init__(self, names):
+        self.metrics = [keras.metrics.Mean(name=name) for name in names]
+
+    def __getitem__(self, name: str):
+        return next(m for m in self.metrics if m.name == name)
+
+    def __contains__(self, name: object) -> bool:
+        return any(m.name == name for m in self.metrics)
+
+
+def logged_value_metrics(trackers: LoggedValues) -> list:
+    """The entries :class:`LoggedValues` adds to ``model.metrics``: each ``Mean``."""
+    return list(trackers.metrics)
+
+
+def record_compile_option(model, name: str, value: Any) -> None:
+    """Adds ``name=value`` to the config ``load_model`` passes back to ``compile``."""
+    model._compile_config.config[name] = value
+
+
+# --------------------------------------------------------------------------
+# Step functions
+# --------------------------------------------------------------------------
+
+
+def _make_step_function(model, step: Callable, counter) -> Callable:
+    """``Model.make_train_function``'s function in tf_keras 2.21, around ``step``.
+
+    The same structure and arithmetic (so results are identical): run ``step``
+    per replica with ``strategy.run``, count the step, reduce the logs with
+    ``model.distribute_reduction_method``, loop ``steps_per_execution`` times
+    inside one ``tf.function``. ``ParameterServerStrategy``'s coordinator is
+    not supported.
+    """
+
+    def run_step(data):
+        outputs = step(data)
+        with tf.control_dependencies(_training._minimum_control_deps(outputs)):
+            counter().assign_add(1)
+        return outputs
+
+    if model.jit_compile:
+        run_step = tf.function(run_step, jit_compile=True, reduce_retracing=True)
+
+    def one_step(iterator):
+        outputs = model.distribute_strategy.run(run_step, args=(next(iterator),))
+        return _training.reduce_per_replica(
+            outputs, model.distribute_strategy, reduction=model.distribute_reduction_method
+        )
+
+    steps = model._steps_per_execution
+    if steps is None or steps.numpy().item() == 1 and not model.autotune_steps_per_execution:
+        function = one_step
+    else:
+
+        def function(iterator):
+            for _ in tf.range(model._steps_per_execution):
+                outputs = one_step(iterator)
+            return outputs
+
+    if not model.run_eagerly:
+        function = tf.function(function, reduce_retracing=True)
+    return function
+
+
+def make_train_function(model, step: Callable) -> Callable:
+    """The function ``fit`` calls on an iterator (also kept as ``train_tf_function`` for TensorBoard)."""
+    function = _make_step_function(model, step, lambda: model._train_counter)
+    if not model.run_eagerly:
+        model.train_tf_function = function
+    return explain_xla_errors(model, function)
+
+
+def make_test_function(model, step: Callable) -> Callable:
+    """The function ``evaluate`` calls on an iterator."""
+    return explain_xla_errors(model, _make_step_function(model, step, lambda: model._test_counter))
+
+
+# --------------------------------------------------------------------------
+# Optimizers, distribution and mixed precision
+# --------------------------------------------------------------------------
+
+
+def optimizer_built(optimizer) -> bool:
+    """Whether ``optimizer`` has created its slots (``Optimizer._built``)."""
+    return bool(getattr(getattr(optimizer, "inner_optimizer", optimizer), "_built", False))
+
+
+def scale_loss(optimizer, loss):
+    """The loss multiplied by the loss scale, when ``optimizer`` is a ``LossScaleOptimizer``."""
+    if isinstance(optimizer, LossScaleOptimizer):
+        return optimizer.get_scaled_loss(loss)
+    return loss
+
+
+def unscale_gradients(optimizer, gradients: list) -> list:
+    """Divides gradients by the loss scale, as ``LossScaleOptimizer.compute_gradients`` does."""
+    if isinstance(optimizer, LossScaleOptimizer):
+        return optimizer.get_unscaled_gradients(gradients)
+    return gradients
+
+
+def sum_across_replicas(context, optimizer, grads_and_vars: list) -> list:
+    """Sums gradients across replicas with the optimizer's own ``aggregate_gradients``."""
+    return getattr(optimizer, "inner_optimizer", optimizer).aggregate_gradients(grads_and_vars)
+
+
+#: ``with gradients_already_summed(optimizer):`` -- ``apply_gradients`` does not sum again.
+gradients_already_summed = skippable_aggregation("aggregate_gradients")
+
+
+def wrap_for_loss_scaling(optimizer, name: str):
+    """``optimizer`` in a dynamic ``LossScaleOptimizer`` (Keras 2 names it after the inner one)."""
+    return LossScaleOptimizer(optimizer)
+
+
+_loss_scaled_twin = loss_scaling_twins(LossScaleOptimizer)
+
+
+def loss_scaled(model, optimizer):
+    """``optimizer`` wrapped for loss scaling when ``model`` runs in ``mixed_float16`` (once)."""
+    if model.dtype_policy.name != "mixed_float16" or isinstance(optimizer, LossScaleOptimizer):
+        return optimizer
+    return _loss_scaled_twin(optimizer)
+
+
+def optimizer_group_kwargs() -> dict:
+    """Arguments for the base ``Optimizer.__init__`` of an optimizer group (no learning rate)."""
+    return {}
+
+
+def mark_built(optimizer) -> None:
+    """Marks an optimizer group as built (Keras 2 subclasses set ``_built`` themselves)."""
+    optimizer._built = True
+
+
+# --------------------------------------------------------------------------
+# Random numbers
+# --------------------------------------------------------------------------
+
+
+class SeedGenerator(keras.layers.Layer):
+    """Keras 3's ``keras.random.SeedGenerator`` for Keras 2 (which has none).
+
+    Written here because ``tf.random.Generator`` draws different numbers on
+    each replica; this state is one non-trainable weight (saved with the
+    model's weights) that every replica reads and advances identically.
+    """
+
+    def __init__(self, seed: int | None = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        seed = random.SystemRandom().randrange(2**31) if seed is None else int(seed)
+        self.state = self.add_weight(
+            name="seed_generator_state",
+            shape=(2,),
+            dtype="int64",
+            initializer=keras.initializers.Constant([seed, 0]),
+            trainable=False,
+            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+        )
+
+    def next(self) -> tf.Tensor:
+        """The current seed; the state advances by one."""
+        seed = tf.identity(self.state)
+        with tf.control_dependencies([seed]):
+            self.state.assign_add(tf.constant([0, 1], "int64"))
+        return seed
+
+
+def _seed(seed) -> Any:
+    return seed.next() if isinstance(seed, SeedGenerator) else tf.constant([int(seed), 0], "int64")
+
+
+def random_normal(shape, seed):
+    """Standard normal numbers; ``seed`` is an ``int`` or a :class:`SeedGenerator`."""
+    return tf.random.stateless_normal(shape, seed=_seed(seed))
+
+
+def random_uniform(shape, seed):
+    """Uniform numbers in ``[0, 1)``; ``seed`` is an ``int`` or a :class:`SeedGenerator`."""
+    return tf.random.stateless_uniform(shape, seed=_seed(seed))
+
+
+def seed_generator_states(model) -> list:
+    """``[]``: Keras 2 layers draw random numbers without a saved generator state."""
+    return []
+
+
+def _from_keras_3(obj: Any) -> bool:
+    return type(obj).__module__.split(".")[0] == "keras"
+
+
+def check_compile_arguments(model, optimizer: Any, kwargs: dict) -> None:
+    """Rejects, with the Keras version they need, arguments only Keras 3 understands.
+
+    Under ``TF_USE_LEGACY_KERAS=1`` ``import keras`` is still Keras 3, so a
+    Keras 3 optimizer (e.g. one with ``gradient_accumulation_steps``), loss or
+    metric can reach a Keras 2 model; tf_keras would reject it with "Could
+    not interpret optimizer identifier".
+    """
+    members = optimizer.values() if isinstance(optimizer, dict) else [optimizer]
+    for member in members:
+        if _from_keras_3(member):
+            accumulation = getattr(member, "gradient_accumulation_steps", None)
+            feature = (
+                f"An optimizer with gradient_accumulation_steps={accumulation}"
+                if accumulation
+                else f"The Keras 3 optimizer {type(member).__name__}"
+            )
+            raise needs_keras_3(
+                f"{feature} (received for {type(model).__name__} '{model.name}', a tf_keras model)",
+                f"pass a tf.keras optimizer, e.g. tf.keras.optimizers.{type(member).__name__}()"
+                + (" and accumulate gradients in train_step" if accumulation else ""),
+            )
+    for name in ("loss", "metrics", "weighted_metrics"):
+        for value in tf.nest.flatten(kwargs.get(name)):
+            if value is not None and _from_keras_3(value):
+                raise needs_keras_3(
+                    f"The Keras 3 object {type(value).__name__} passed as compile({name}=...)",
+                    f"use tf.keras.{'losses' if name == 'loss' else 'metrics'}.{type(value).__name__}",
+                )
+    if "auto_scale_loss" in kwargs:
+        raise needs_keras_3(
+            "compile(auto_scale_loss=...)",
+            "leave it out (Keras 2 always scales the loss under mixed_float16)",
+        )
+
+
+# --------------------------------------------------------------------------
+# Functional construction without rewriting class bases
+# --------------------------------------------------------------------------
+
+
+def is_functional_call(args: tuple, kwargs: dict) -> bool:
+    """Whether constructor arguments mean ``Model(inputs, outputs)`` with symbolic inputs."""
+    if not _training.is_functional_model_init_params(args, kwargs):
+        return False
+    inputs = kwargs["inputs"] if "inputs" in kwargs else args[0]
+    flat = tf.nest.flatten(inputs)
+    return bool(flat) and all(isinstance(t, _keras_tensor.KerasTensor) for t in flat)
+
+
+def share_registered_name(twin: type, cls: type) -> None:
+    """Serializes ``twin`` under ``cls``' registered name, so ``load_model`` finds ``cls``."""
+    _registration._GLOBAL_CUSTOM_NAMES[twin] = keras.saving.get_registered_name(cls)
+
+
+# --------------------------------------------------------------------------
+# Overrides of private Model hooks
+# --------------------------------------------------------------------------
+
+
+class TrainerHooks:
+    """Overrides of private ``tf_keras`` ``Model`` methods; ``CustomModel`` inherits it first."""
+
+    def _assert_compile_was_called(self) -> None:
+        # Keras 2's message names neither the model nor the fix.
+        if not self._is_compiled:
+            raise ValueError(
+                f"{type(self).__name__} '{self.name}' needs a compiled model: expected "
+                "`model.compile(optimizer=..., loss=...)` to have been called first, "
+                "but the model was never compiled. Fix: call `model.compile(...)` "
+                "before fit()/evaluate()."
+            )
+
+    def _get_optimizer(self, optimizer):
+        # Keras 2 wraps every compiled optimizer in a LossScaleOptimizer under
+        # mixed_float16; a group of named optimizers wraps its members instead.
+        if getattr(optimizer, "is_optimizer_group", False):
+            return optimizer
+        return super()._get_optimizer(optimizer)
