@@ -5,6 +5,11 @@ Replace ``keras.Model`` with :class:`CustomModel` (or ``keras.Sequential`` with
 test and predict steps are written out with ``tf.GradientTape`` so they can be
 read and overridden, and they match ``keras.Model`` bit for bit on CPU.
 
+custom_fit runs on the Keras TensorFlow is configured with: Keras 3 by
+default, Keras 2 (``tf_keras``) when ``TF_USE_LEGACY_KERAS=1`` is set before
+TensorFlow loads Keras. :data:`keras` is that module and :data:`KERAS_VERSION`
+says which it is, so code can run on both with ``from custom_fit import keras``.
+
 Example:
     >>> import numpy as np, keras, custom_fit
     >>> model = custom_fit.CustomSequential([keras.Input((2,)), keras.layers.Dense(1)])
@@ -13,6 +18,7 @@ Example:
 """
 
 from custom_fit import gan
+from custom_fit._compat import KERAS_VERSION, keras
 from custom_fit.compiled import CompiledLoss, CompiledMetrics
 from custom_fit.gan import GAN
 from custom_fit.losses import batch_mean, regularization_loss
@@ -28,6 +34,7 @@ from custom_fit.optimizers import NamedOptimizers
 __version__ = "0.1.0"
 
 __all__ = [
+    "KERAS_VERSION",
     "CompiledLoss",
     "CompiledMetrics",
     "CustomModel",
@@ -40,5 +47,6 @@ __all__ = [
     "__version__",
     "batch_mean",
     "gan",
+    "keras",
     "regularization_loss",
 ]

@@ -82,7 +82,7 @@ class GAN(CustomModel):
             if not isinstance(model, keras.Model) or not model.built:
                 raise ValueError(
                     f"GAN expected a built keras.Model as {role}, received "
-                    f"{type(model).__name__}{' (not built)' if isinstance(model, keras.Layer) else ''}. "
+                    f"{type(model).__name__}{' (not built)' if isinstance(model, keras.layers.Layer) else ''}. "
                     "Fix: build it with an Input, e.g. keras.Sequential([keras.Input(shape), ...]) "
                     "or a functional model."
                 )

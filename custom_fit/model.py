@@ -106,6 +106,12 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
     * ``fit`` before ``compile``, a missing ``y``, unknown optimizers and
       variables without gradients produce errors that say how to fix them.
 
+    ``CustomModel`` subclasses the Keras TensorFlow is configured with: Keras 3,
+    or Keras 2 (``tf_keras``) under ``TF_USE_LEGACY_KERAS=1``, where it
+    equals ``tf.keras.Model`` bit for bit in the same way (the list above is
+    about Keras 3; on Keras 2 ``compiled_loss``/``compiled_metrics`` are
+    Keras' own).
+
     Example:
         >>> import numpy as np, keras, custom_fit
         >>> inputs = keras.Input((4,))
@@ -192,6 +198,7 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
             optimizer = NamedOptimizers(optimizer)
         if isinstance(optimizer, NamedOptimizers):
             optimizer.set_owners({name: getattr(self, name, None) for name in optimizer})
+            _compat.set_untracked(optimizer, "name_variables", lambda variables: _compat.variable_names(self, variables))
             if self.dtype_policy.name == "mixed_float16" and kwargs.get("auto_scale_loss", True):
                 optimizer.wrap_for_loss_scaling()
             if not _compat.KERAS_2:
@@ -369,10 +376,11 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
         """Changes gradients before they are applied; the default returns them as is.
 
         Called by :meth:`minimize` with ``(gradient, variable)`` pairs (only
-        pairs whose gradient exists). Gradients are still scaled by the loss
-        scale under mixed precision. Under ``tf.distribute`` they are this
-        replica's, or the sum over replicas with
-        ``compile(clip_after_aggregation=True)``.
+        pairs whose gradient exists). Under mixed precision they are still
+        multiplied by the loss scale on Keras 3 (the optimizer unscales them)
+        and already unscaled on Keras 2. Under ``tf.distribute`` they are this
+        replica's on Keras 3, or the sum over replicas with
+        ``compile(clip_after_aggregation=True)``; always the sum on Keras 2.
 
         Example:
             >>> import tensorflow as tf, custom_fit
@@ -536,7 +544,7 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
         """:meth:`train_step`, recording which optimizers and variables it used."""
         records = _trace_records()
         records.used_optimizers, records.minimized = set(), set()
-        regularized = _count_regularizer_calls(self) if type(self).train_step is not CustomModel.train_step else {}
+        regularized = _compat.count_regularizer_calls(self) if type(self).train_step is not CustomModel.train_step else {}
         calls_before = {key: r.calls for key, r in regularized.items()}
         logs = self.train_step(data)
         if isinstance(self.optimizer, NamedOptimizers):
@@ -644,20 +652,23 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
     def _prepare_named_optimizer(self, name: str, variables: list) -> None:
         """Builds named optimizer ``name`` if needed and checks it owns ``variables``."""
         group = self.optimizer
-        if not group.built:
-            group.build(self.trainable_variables)
-        known = group.member_variables(name)
-        if not known:
-            group.build_member(name, variables)
-        else:
+        # Optimizer variables are created outside the traced step (as Keras'
+        # `apply_gradients` does), not lazily inside `tf.function`.
+        with tf.init_scope():
+            if not _compat.optimizer_built(group):
+                group.build(self.trainable_variables)
+            known = group.member_variables(name)
+            if not known:
+                group.build_member(name, variables)
+        if known:
             known_ids = {id(v) for v in known}
-            unknown = [_compat.variable_name(v) for v in variables if id(v) not in known_ids]
+            unknown = _compat.variable_names(self, [v for v in variables if id(v) not in known_ids])
             if unknown:
                 raise ValueError(
                     f"minimize(..., optimizer={name!r}) received variables the {name!r} "
                     f"optimizer does not update: {unknown}. Expected the variables it "
                     f"was built with ({len(known)} variables, e.g. "
-                    f"{[_compat.variable_name(v) for v in known[:3]]}). Fix: pass the "
+                    f"{_compat.variable_names(self, known[:3])}). Fix: pass the "
                     f"same variables every step (e.g. self.{name}.trainable_weights), or "
                     "compile another named optimizer for these variables."
                 )
@@ -667,7 +678,7 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
         self, gradients: Sequence[Any], variables: Sequence[Any], optimizer: Any
     ) -> GradsAndVars:
         """Pairs gradients with variables, dropping (and reporting once) ``None`` ones."""
-        missing = [_compat.variable_name(v) for g, v in zip(gradients, variables) if g is None]
+        missing = _compat.variable_names(self, [v for g, v in zip(gradients, variables) if g is None])
         if not missing:
             return list(zip(gradients, variables))
         if len(missing) == len(variables):
@@ -695,7 +706,8 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
         if not _compat.optimizer_built(optimizer):
             # Build on every variable, as Keras does when it filters `None`s,
             # so optimizer state does not depend on which gradients exist.
-            optimizer.build(list(variables))
+            with tf.init_scope():
+                optimizer.build(list(variables))
         return [(g, v) for g, v in zip(gradients, variables) if g is not None]
 
 
@@ -721,35 +733,6 @@ def _trace_records() -> threading.local:
 
 
 _records = threading.local()
-
-
-class _CountingRegularizer:
-    """Wraps a variable's regularizer and counts how often the penalty is computed."""
-
-    def __init__(self, regularizer: Callable):
-        self.regularizer = regularizer
-        self.calls = 0
-
-    def __call__(self, x):
-        self.calls += 1
-        return self.regularizer(x)
-
-
-def _count_regularizer_calls(model: keras.Model) -> dict:
-    """``{id(variable): counter}`` for every regularized trainable variable of ``model``.
-
-    Keras computes a weight penalty by calling ``variable.regularizer`` when
-    ``layer.losses`` is read; counting those calls while the step is traced
-    tells whether the step computed it at all.
-    """
-    counters = {}
-    for variable in model.trainable_variables:
-        if variable.regularizer is None:
-            continue
-        if not isinstance(variable.regularizer, _CountingRegularizer):
-            variable.regularizer = _CountingRegularizer(variable.regularizer)
-        counters[id(variable)] = variable.regularizer
-    return counters
 
 
 def _top_level_owners(model: keras.Model, variable_ids: list) -> list[str]:

@@ -75,6 +75,7 @@ class NamedOptimizers(keras.optimizers.Optimizer):
         _compat.set_untracked(self, "_owner_of_variable", {})
         _compat.set_untracked(self, "_model_variables", [])
         _compat.set_untracked(self, "_built_on", {})
+        _compat.set_untracked(self, "name_variables", _compat.variable_names_without_model)
 
     #: Marks the group for ``CustomModel``'s compile (Keras 2 must not wrap it for loss scaling).
     is_optimizer_group = True
@@ -111,17 +112,11 @@ class NamedOptimizers(keras.optimizers.Optimizer):
 
     @property
     def learning_rate(self):  # type: ignore[override]
-        raise AttributeError(
-            "NamedOptimizers has one learning rate per member: read or set "
-            "`model.optimizer[name].learning_rate` instead."
-        )
+        raise _compat.group_learning_rate_error("read or set `model.optimizer[name].learning_rate` instead")
 
     @learning_rate.setter
     def learning_rate(self, value):
-        raise AttributeError(
-            "NamedOptimizers has one learning rate per member: set "
-            "`model.optimizer[name].learning_rate` instead."
-        )
+        raise _compat.group_learning_rate_error("set `model.optimizer[name].learning_rate` instead")
 
     # -- building -----------------------------------------------------------
 
@@ -154,9 +149,10 @@ class NamedOptimizers(keras.optimizers.Optimizer):
         for v in variables:
             owner = self._owner_of_variable.get(id(v))
             if owner is not None and owner != name:
-                shared.setdefault(owner, []).append(_compat.variable_name(v))
+                shared.setdefault(owner, []).append(v)
         if shared:
             other, names = next(iter(shared.items()))
+            names = self.name_variables(names)
             raise ValueError(
                 f"Variables {names} would be updated by two optimizers, {other!r} and "
                 f"{name!r}. Expected each variable to belong to one named optimizer. "

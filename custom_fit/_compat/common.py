@@ -39,9 +39,21 @@ def set_untracked(obj: Any, name: str, value: Any) -> None:
     object.__setattr__(obj, name, value)
 
 
-def variable_name(variable) -> str:
-    """A variable's path (Keras 3 variables) or name (``tf.Variable``, Keras 2)."""
-    return getattr(variable, "path", None) or variable.name
+def variable_names_without_model(variables) -> list[str]:
+    """Variables' paths (Keras 3) or names (``tf.Variable``), for messages."""
+    return [getattr(v, "path", None) or v.name for v in variables]
+
+
+class CountingCall:
+    """Wraps a penalty function and counts how often it is computed."""
+
+    def __init__(self, function: Callable):
+        self.function = function
+        self.calls = 0
+
+    def __call__(self, *args: Any):
+        self.calls += 1
+        return self.function(*args)
 
 
 # --------------------------------------------------------------------------

@@ -19,7 +19,11 @@ Nothing in this module is public API.
 
 from __future__ import annotations
 
+import copy
+import functools
+import inspect
 import random
+import sys
 from typing import Any, Callable
 
 import tensorflow as tf
@@ -32,6 +36,7 @@ from tf_keras.src.saving import object_registration as _registration
 from tf_keras.src.utils import losses_utils as _losses_utils
 
 from custom_fit._compat.common import (  # noqa: F401  (re-exported)
+    CountingCall,
     batch_size_of,
     explain_xla_errors,
     is_scalar,
@@ -40,7 +45,7 @@ from custom_fit._compat.common import (  # noqa: F401  (re-exported)
     replica_context_with_peers,
     set_untracked,
     skippable_aggregation,
-    variable_name,
+    variable_names_without_model,
 )
 
 KERAS_2 = True
@@ -250,6 +255,22 @@ def loss_scaled(model, optimizer):
     return _loss_scaled_twin(optimizer)
 
 
+def group_learning_rate_error(fix: str) -> ValueError:
+    """Reading an optimizer group's single learning rate (``optimizer.lr``).
+
+    Keras 2's ``ReduceLROnPlateau`` and ``LearningRateScheduler`` change one
+    optimizer's ``lr``; Keras 3's act on every member of ``.optimizers``. A
+    ``ValueError`` (not an ``AttributeError``) so that the callbacks'
+    ``hasattr(optimizer, "lr")`` does not replace it with a vaguer message.
+    """
+    return needs_keras_3(
+        "One learning rate for named optimizers (what Keras 2's ReduceLROnPlateau and "
+        "LearningRateScheduler read and set as `optimizer.lr`)",
+        f"NamedOptimizers has one learning rate per member: {fix}, e.g. from a callback "
+        "of your own",
+    )
+
+
 def optimizer_group_kwargs() -> dict:
     """Arguments for the base ``Optimizer.__init__`` of an optimizer group (no learning rate)."""
     return {}
@@ -258,6 +279,60 @@ def optimizer_group_kwargs() -> dict:
 def mark_built(optimizer) -> None:
     """Marks an optimizer group as built (Keras 2 subclasses set ``_built`` themselves)."""
     optimizer._built = True
+
+
+def _regularized_variable(loss: Any):
+    """The variable of a weight penalty in ``Layer._callable_losses``, else ``None``.
+
+    ``Layer._handle_weight_regularization`` adds
+    ``partial(_tag_callable, partial(_loss_for_variable, variable))``.
+    """
+    inner = loss.args[0] if isinstance(loss, functools.partial) and loss.args else None
+    if isinstance(inner, functools.partial) and inner.args and isinstance(inner.args[0], tf.Variable):
+        return inner.args[0]
+    return None
+
+
+def count_regularizer_calls(model) -> dict:
+    """``{id(variable): counter}`` for every regularized trainable variable of ``model``.
+
+    Keras 2 computes a weight penalty by calling a closure in the layer's
+    ``_callable_losses`` when ``layer.losses`` is read; each is wrapped in a
+    counter (once), keyed by its variable.
+    """
+    trainable = {id(v) for v in model.trainable_variables}
+    counters = {}
+    for layer in model._flatten_layers(include_self=True):
+        for i, loss in enumerate(layer._callable_losses):
+            if not isinstance(loss, CountingCall):
+                variable = _regularized_variable(loss)
+                if variable is None:
+                    continue
+                loss = layer._callable_losses[i] = CountingCall(loss)
+                loss.variable = variable
+            if id(loss.variable) in trainable:
+                counters[id(loss.variable)] = loss
+    return counters
+
+
+def variable_names(model, variables) -> list[str]:
+    """``layer/.../weight`` paths of ``variables`` inside ``model``, for messages.
+
+    A Keras 2 ``tf.Variable``'s name depends on the name scope it was created
+    in (often just ``kernel:0``); the path through ``model``'s layers says
+    which layer it belongs to, like Keras 3's ``variable.path``.
+    """
+    paths: dict[int, str] = {}
+
+    def walk(layer, prefix: str) -> None:
+        for v in layer._trainable_weights + layer._non_trainable_weights:
+            paths.setdefault(id(v), prefix + v.name.split(":")[0].split("/")[-1])
+        for child in layer._flatten_layers(include_self=False, recursive=False):
+            walk(child, f"{prefix}{child.name}/")
+
+    walk(model, "")
+    fallback = variable_names_without_model(variables)
+    return [paths.get(id(v), name) for v, name in zip(variables, fallback)]
 
 
 # --------------------------------------------------------------------------
@@ -363,6 +438,17 @@ def is_functional_call(args: tuple, kwargs: dict) -> bool:
         return False
     inputs = kwargs["inputs"] if "inputs" in kwargs else args[0]
     flat = tf.nest.flatten(inputs)
+    if any(_from_keras_3(t) for t in flat):
+        # Keras 2 would take these for functional arguments it cannot use and
+        # splice `Functional` into the class' bases for good.
+        raise ValueError(
+            "custom_fit models are tf_keras (Keras 2) models in this process because "
+            "TF_USE_LEGACY_KERAS=1, but the inputs received are Keras 3 tensors "
+            f"({type(flat[0]).__module__}.{type(flat[0]).__name__}, from `import keras`). "
+            "Expected tensors from tf.keras.Input(...). Fix: build the model with "
+            "`from tensorflow import keras` (or `import tf_keras as keras`), or unset "
+            "TF_USE_LEGACY_KERAS to use Keras 3."
+        )
     return bool(flat) and all(isinstance(t, _keras_tensor.KerasTensor) for t in flat)
 
 
@@ -379,19 +465,33 @@ def share_registered_name(twin: type, cls: type) -> None:
 class TrainerHooks:
     """Overrides of private ``tf_keras`` ``Model`` methods; ``CustomModel`` inherits it first."""
 
+    # `compiled_loss` / `compiled_metrics` are Keras 2's own (set by compile()).
+
     def _assert_compile_was_called(self) -> None:
-        # Keras 2's message names neither the model nor the fix.
+        # Keras 2's message names neither the method, the model nor the fix.
         if not self._is_compiled:
+            method = sys._getframe(1).f_code.co_name  # fit, evaluate, train_on_batch, ...
             raise ValueError(
-                f"{type(self).__name__} '{self.name}' needs a compiled model: expected "
+                f"{type(self).__name__}.{method}() needs a compiled model: expected "
                 "`model.compile(optimizer=..., loss=...)` to have been called first, "
-                "but the model was never compiled. Fix: call `model.compile(...)` "
-                "before fit()/evaluate()."
+                f"but model '{self.name}' was never compiled. Fix: call "
+                f"`model.compile(...)` before `model.{method}()`."
             )
+
+    def get_config(self) -> dict:
+        # Keras 2 writes a functional config only when `__init__`'s arguments
+        # are literally (inputs, outputs, name, trainable); CustomModel's are
+        # (*args, **kwargs) and still rebuild a functional model from it.
+        cls_init = inspect.getfullargspec(type(self).__init__)
+        functional = isinstance(self, Functional) and not isinstance(self, keras.Sequential)
+        if functional and (cls_init.varargs, cls_init.varkw) == ("args", "kwargs"):
+            base = {"name": self.name, "trainable": self.trainable}
+            return copy.deepcopy(_functional.get_network_config(self, config=base))
+        return super().get_config()
 
     def _get_optimizer(self, optimizer):
         # Keras 2 wraps every compiled optimizer in a LossScaleOptimizer under
         # mixed_float16; a group of named optimizers wraps its members instead.
-        if getattr(optimizer, "is_optimizer_group", False):
-            return optimizer
+        if optimizer is None or getattr(optimizer, "is_optimizer_group", False):
+            return optimizer  # None: a subclass compile() that manages its own optimizers
         return super()._get_optimizer(optimizer)

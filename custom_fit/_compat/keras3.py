@@ -24,6 +24,7 @@ from keras.src.models import model as _model
 from keras.src.saving import object_registration as _registration
 
 from custom_fit._compat.common import (  # noqa: F401  (re-exported)
+    CountingCall,
     batch_size_of,
     explain_xla_errors,
     is_scalar,
@@ -32,7 +33,7 @@ from custom_fit._compat.common import (  # noqa: F401  (re-exported)
     replica_context_with_peers,
     set_untracked,
     skippable_aggregation,
-    variable_name,
+    variable_names_without_model,
 )
 
 KERAS_2 = False
@@ -345,6 +346,11 @@ def loss_scaled(model: keras.Model, optimizer):
     return _loss_scaled_twin(optimizer)
 
 
+def group_learning_rate_error(fix: str) -> AttributeError:
+    """Reading an optimizer group's single learning rate (Keras 3's callbacks use ``.optimizers``)."""
+    return AttributeError(f"NamedOptimizers has one learning rate per member: {fix}.")
+
+
 def optimizer_group_kwargs() -> dict:
     """Arguments for the base ``Optimizer.__init__`` of an optimizer group (its own rate is unused)."""
     return {"learning_rate": 0.0}
@@ -352,6 +358,28 @@ def optimizer_group_kwargs() -> dict:
 
 def mark_built(optimizer) -> None:
     """Nothing to do: Keras 3's ``Optimizer.build`` sets ``built``."""
+
+
+def count_regularizer_calls(model: keras.Model) -> dict:
+    """``{id(variable): counter}`` for every regularized trainable variable of ``model``.
+
+    Keras 3 computes a weight penalty by calling ``variable.regularizer`` when
+    ``layer.losses`` is read; counting those calls while the step is traced
+    tells whether the step computed it at all.
+    """
+    counters = {}
+    for variable in model.trainable_variables:
+        if variable.regularizer is None:
+            continue
+        if not isinstance(variable.regularizer, CountingCall):
+            variable.regularizer = CountingCall(variable.regularizer)
+        counters[id(variable)] = variable.regularizer
+    return counters
+
+
+def variable_names(model: keras.Model, variables) -> list[str]:
+    """The variables' paths, for messages (Keras 3 variables know their layer)."""
+    return variable_names_without_model(variables)
 
 
 # --------------------------------------------------------------------------
