@@ -13,8 +13,9 @@ import math
 import types
 from typing import Any, Callable
 
-from tensorflow import keras
 import numpy as np
+
+from custom_fit import keras
 
 RESULTS: dict[str, dict[str, float]] = {}
 QUANTITIES = ("weights", "history", "evaluate", "predict", "batch_logs")

@@ -39,7 +39,7 @@ def data():
 
 
 def build(base, kind: str):
-    from tensorflow import keras
+    from custom_fit import keras
 
     inputs = keras.Input((8,))
     reg = dict(kernel_regularizer=keras.regularizers.L2(1e-2), activity_regularizer=keras.regularizers.L1(1e-3)) if kind == "regularizers" else {}
@@ -50,7 +50,7 @@ def build(base, kind: str):
 
 
 def compile_kwargs(kind: str, **extra):
-    from tensorflow import keras
+    from custom_fit import keras
 
     if kind == "two_outputs":
         kwargs = dict(loss={"cls": "sparse_categorical_crossentropy", "reg": "mse"}, loss_weights={"cls": 1.0, "reg": 0.5},
@@ -67,7 +67,7 @@ def targets(d, kind, split=""):
 
 def run(base, kind, strategy=None, epochs=3, fit_kwargs=None, **extra_compile):
     """Trains one model; returns weights, history, evaluate and predict as plain lists."""
-    from tensorflow import keras
+    from custom_fit import keras
 
     d = data()
     keras.utils.set_random_seed(SEED)
@@ -106,7 +106,7 @@ def attempt(fn):
 def mirrored():
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    from tensorflow import keras
+    from custom_fit import keras
 
     import custom_fit
 
@@ -190,7 +190,7 @@ def worker(index: int, ports: list[int]):
         "task": {"type": "worker", "index": index},
     })
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    from tensorflow import keras
+    from custom_fit import keras
 
     import custom_fit
 
@@ -199,7 +199,8 @@ def worker(index: int, ports: list[int]):
     def shard(context: tf.distribute.InputContext):
         per_replica = context.get_per_replica_batch_size(GLOBAL_BATCH)
         dataset = tf.data.Dataset.from_tensor_slices((d["x"], d["y"]))
-        return dataset.shard(context.num_input_pipelines, context.input_pipeline_id).batch(per_replica)
+        # repeat(): tf_keras keeps one iterator across epochs when steps_per_epoch is set.
+        return dataset.shard(context.num_input_pipelines, context.input_pipeline_id).batch(per_replica).repeat()
 
     keras.utils.set_random_seed(SEED)
     with strategy.scope():
@@ -234,7 +235,7 @@ def single_process_reference():
     import custom_fit
 
     d = data()
-    from tensorflow import keras
+    from custom_fit import keras
 
     keras.utils.set_random_seed(SEED)
     model = build(custom_fit.CustomModel, "base")

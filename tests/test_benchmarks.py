@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks import bench
+
+pytestmark = pytest.mark.keras3  # the benchmarks compare against Keras 3 baselines
 
 
 def test_quick_benchmark_writes_valid_results(tmp_path):

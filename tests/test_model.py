@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import warnings
 
-from tensorflow import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import custom_fit
+from custom_fit import keras
 from custom_fit import _compat
 from tests import parity
 
@@ -182,7 +182,7 @@ def test_minimize_with_two_optimizers_in_one_step():
             x, y = data
             with tf.GradientTape(persistent=True) as tape:
                 y_pred = self(x)
-                loss = keras.ops.mean(keras.ops.square(y_pred - y))
+                loss = tf.reduce_mean(tf.square(y_pred - y))
             self.minimize(loss, tape, self.a.trainable_weights)
             self.minimize(loss, tape, self.b.trainable_weights, optimizer=self.opt_b)
             return {"loss": loss}
@@ -258,7 +258,8 @@ def test_variables_without_gradient_warn_once_and_stay_unchanged():
     assert "unused/kernel" in message and "unused/bias" in message and "Fix:" in message
     assert parity.max_delta(unused_before, model.unused.get_weights()) == 0.0
     assert parity.max_delta(used_before, model.used.get_weights()) > 0.0
-    assert len(model.optimizer.variables) == 2 + 2 * 4, "optimizer state covers every variable"
+    counters = 1 if _compat.KERAS_2 else 2  # iterations (and learning_rate on Keras 3)
+    assert len(model.optimizer.variables) == counters + 2 * 4, "optimizer state covers every variable"
 
 
 def test_no_variable_with_a_gradient_is_an_error():
@@ -292,7 +293,7 @@ def test_model_without_loss_trains_on_add_loss():
 
         def call(self, x):
             reconstruction = self.decode(self.code(x))
-            self.add_loss(keras.ops.mean(keras.ops.square(reconstruction - x)))
+            self.add_loss(tf.reduce_mean(tf.square(reconstruction - x)))
             return reconstruction
 
     model = Autoencoder()
@@ -361,7 +362,7 @@ def test_second_optimizer_is_loss_scaled_under_mixed_precision():
             def train_step(self, data):
                 x, y = data
                 with tf.GradientTape(persistent=True) as tape:
-                    loss = 1e-9 * keras.ops.mean(keras.ops.square(self(x) - y))
+                    loss = 1e-9 * tf.reduce_mean(tf.square(self(x) - y))
                 self.minimize(loss, tape, self.head.trainable_weights)
                 self.minimize(loss, tape, self.body.trainable_weights, optimizer=self.head_optimizer)
                 return {"loss": loss}
@@ -372,7 +373,7 @@ def test_second_optimizer_is_loss_scaled_under_mixed_precision():
         body_before = [np.array(w) for w in model.body.get_weights()]
         model.fit(X, X[:, :1] * 100, batch_size=33, epochs=1, verbose=0)
         wrapper = custom_fit.model._compat.loss_scaled(model, model.head_optimizer)
-        assert isinstance(wrapper, keras.optimizers.LossScaleOptimizer) and wrapper.inner_optimizer is model.head_optimizer
+        assert isinstance(wrapper, keras.mixed_precision.LossScaleOptimizer) and wrapper.inner_optimizer is model.head_optimizer
         assert int(model.head_optimizer.iterations) == 3
         assert parity.max_delta(body_before, model.body.get_weights()) > 0, "float16 gradients underflowed"
     finally:
@@ -398,10 +399,14 @@ def test_no_retracing_across_epochs(steps_per_execution):
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", steps_per_execution=steps_per_execution)
     model.fit(X, Y, batch_size=16, epochs=3, validation_data=(DATA["x_val"], DATA["y_val"]), verbose=0)
     # At most one trace for full batches and one, with a relaxed batch dimension,
-    # for the partial last batch (99 = 6 x 16 + 3); none per epoch.
-    assert CountsTraces.traces["train"] <= 2 and CountsTraces.traces["test"] <= 2, CountsTraces.traces
+    # for the partial last batch (99 = 6 x 16 + 3); none per epoch. tf_keras'
+    # autograph loop traces the step twice per shape when steps_per_execution > 1
+    # (plain tf_keras measured the same: 4 train and 2 test traces).
+    limit = 4 if _compat.KERAS_2 and steps_per_execution > 1 else 2
+    assert CountsTraces.traces["train"] <= limit and CountsTraces.traces["test"] <= 2, CountsTraces.traces
+    traces = dict(CountsTraces.traces)
     model.fit(X, Y, batch_size=16, epochs=2, verbose=0)
-    assert CountsTraces.traces["train"] <= 2, CountsTraces.traces
+    assert CountsTraces.traces == traces, "a second fit() must not trace again"
 
 
 def test_minimize_with_no_variables_warns():

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import csv
 
-from tensorflow import keras
 import pytest
 import tensorflow as tf
 
 import custom_fit
+from custom_fit import keras
 from custom_fit import _compat
 from tests import parity
 
@@ -268,6 +268,6 @@ def test_mixed_precision_matches_keras_model(seed, mixed_float16):
     candidate = parity.train(mlp, custom_fit.CustomModel, seed=seed, compile_kwargs=CLASSIFY, fit_args=arrays(), eval_args=val)
     assert candidate.model.compute_dtype == "float16"
     assert isinstance(candidate.model.optimizer, keras.mixed_precision.LossScaleOptimizer)
-    scale = lambda optimizer: float(getattr(optimizer, "dynamic_scale", None) or optimizer.loss_scale)  # noqa: E731  (Keras 3 / 2)
+    scale = lambda optimizer: float(optimizer.loss_scale if _compat.KERAS_2 else optimizer.dynamic_scale)  # noqa: E731
     assert scale(candidate.model.optimizer) == scale(reference.model.optimizer) > 1
     parity.assert_same("Model: mixed_float16", reference, candidate)

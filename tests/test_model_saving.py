@@ -6,24 +6,34 @@
 
 from __future__ import annotations
 
-from tensorflow import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import custom_fit
+from custom_fit import keras
+from custom_fit import _compat
 from tests import parity
 
 DATA = parity.classification_data()
 SEED = 7
 COMPILE = dict(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+# tf_keras' Dropout draws its masks from TensorFlow's global random generator,
+# whose state no Keras 2 format saves: a resumed run with Dropout cannot equal an
+# uninterrupted one there (measured max |delta| 0.0064 after BackupAndRestore).
+# On Keras 3 CustomModel saves the seed generator states, so Dropout stays in.
+DROPOUT = 0.0 if _compat.KERAS_2 else 0.2
+
+
+def dropout():
+    return keras.layers.Dropout(DROPOUT)
 
 
 def functional():
     inputs = keras.Input((parity.N_FEATURES,))
     h = keras.layers.Dense(16, activation="relu")(inputs)
     h = keras.layers.BatchNormalization()(h)
-    h = keras.layers.Dropout(0.2)(h)
+    h = dropout()(h)
     return custom_fit.CustomModel(inputs, keras.layers.Dense(parity.N_CLASSES, activation="softmax")(h))
 
 
@@ -31,7 +41,7 @@ def sequential():
     return custom_fit.CustomSequential([
         keras.Input((parity.N_FEATURES,)),
         keras.layers.Dense(16, activation="relu"),
-        keras.layers.Dropout(0.2),
+        dropout(),
         keras.layers.Dense(parity.N_CLASSES, activation="softmax"),
     ])
 
@@ -84,7 +94,7 @@ def test_keras_file_round_trip_resumes_exactly(kind, tmp_path):
     model, loaded = saved_and_loaded(build, tmp_path / "m.keras")
 
     assert type(loaded) is type(model)
-    assert isinstance(loaded, custom_fit.CustomModel) and loaded.compiled
+    assert isinstance(loaded, custom_fit.CustomModel) and _compat.is_compiled(loaded)
     assert int(loaded.optimizer.iterations) == int(model.optimizer.iterations) == 14
     assert parity.max_delta([v.numpy() for v in model.optimizer.variables], [v.numpy() for v in loaded.optimizer.variables]) == 0.0
     np.testing.assert_array_equal(model.predict(DATA["x_val"], verbose=0), loaded.predict(DATA["x_val"], verbose=0))
@@ -143,6 +153,7 @@ def test_backup_and_restore_resumes_exactly(tmp_path):
     assert weights_delta == 0.0 and history_delta == 0.0
 
 
+@pytest.mark.keras3  # on Keras 2 CustomModel cannot restore Dropout masks either
 def test_plain_keras_does_not_restore_dropout_state(tmp_path):
     """Keeps the upstream gap visible: keras.Model resumes with different Dropout masks."""
 

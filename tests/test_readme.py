@@ -7,11 +7,13 @@ import pathlib
 import re
 import textwrap
 
-from tensorflow import keras
 import numpy as np
 import pytest
 
 import custom_fit
+from custom_fit import keras
+
+pytestmark = pytest.mark.keras3  # the README's examples are written for Keras 3 (`import keras`)
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
