@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test test-keras3 test-keras2 bench clean
 
 install: $(STAMP)
 
@@ -20,9 +20,16 @@ $(STAMP): setup.cfg setup.py pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(PY) -m custom_fit.demo
 
-## Run the whole suite (warnings are errors; see setup.cfg).
-test: $(STAMP)
+## Run the whole suite twice (warnings are errors; see setup.cfg): on Keras 3, then on Keras 2.
+test: test-keras3 test-keras2
+
+## Keras 3: the tests, doctests, notebooks and the quick benchmark.
+test-keras3: $(STAMP)
 	$(PY) -m pytest
+
+## Keras 2: tests/ again with TF_USE_LEGACY_KERAS=1 (tf.keras is tf_keras); tests marked keras3 are deselected.
+test-keras2: $(STAMP)
+	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest tests
 
 ## Measure throughput against keras.Model.fit and hand-written loops (benchmarks/results/).
 bench: $(STAMP)
