@@ -188,12 +188,8 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
         """
         if optimizer is _UNSET:
             optimizer = None if self._compile_overridden() else _DEFAULT_OPTIMIZER
-        _compat.check_compile_arguments(self, optimizer, dict(kwargs, loss=args[0]) if args else kwargs)
-        if clip_after_aggregation is False and _compat.CLIPS_AFTER_AGGREGATION:
-            raise _compat.needs_keras_3(
-                "compile(clip_after_aggregation=False) (clipping each replica's gradient)",
-                "leave clip_after_aggregation out: Keras 2 optimizers clip the summed gradient",
-            )
+        named_args = dict(kwargs, clip_after_aggregation=clip_after_aggregation)
+        _compat.check_compile_arguments(self, optimizer, dict(named_args, loss=args[0]) if args else named_args)
         if isinstance(optimizer, Mapping):
             optimizer = NamedOptimizers(optimizer)
         if isinstance(optimizer, NamedOptimizers):
@@ -201,8 +197,7 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
             _compat.set_untracked(optimizer, "name_variables", lambda variables: _compat.variable_names(self, variables))
             if self.dtype_policy.name == "mixed_float16" and kwargs.get("auto_scale_loss", True):
                 optimizer.wrap_for_loss_scaling()
-            if not _compat.KERAS_2:
-                kwargs["auto_scale_loss"] = False  # members are wrapped, not the group
+            kwargs = _compat.compile_kwargs_for_group(kwargs)  # members are wrapped, not the group
         super().compile(optimizer, *args, **kwargs)
         # "loss" goes to Keras' own tracker where there is one (Keras 2 has none without a compiled loss).
         names = [name for name in self.logged_values if name != "loss" or _compat.loss_tracker(self) is None]

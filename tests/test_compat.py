@@ -72,3 +72,21 @@ def test_keras2_clips_the_summed_gradient_by_default():
     model = small_model()
     model.compile(optimizer="sgd", loss="mse")
     assert model.clip_after_aggregation is True
+
+
+def test_both_keras_modules_define_every_helper_the_package_uses():
+    """Code outside ``_compat`` may use a helper only if both Keras versions define it."""
+    import importlib
+    import pathlib
+    import re
+
+    package = pathlib.Path(custom_fit.__file__).parent
+    used = set()
+    for path in package.glob("*.py"):
+        if path.name != "compiled.py":  # Keras 3 only: Keras 2 has its own compiled_loss/metrics
+            used |= set(re.findall(r"_compat\.(\w+)", path.read_text()))
+    common = importlib.import_module("custom_fit._compat.common")
+    for version in ("keras3", "keras2"):
+        module = importlib.import_module(f"custom_fit._compat.{version}")
+        missing = sorted(name for name in used if not hasattr(module, name) and name not in common.__all__)
+        assert not missing, f"custom_fit._compat.{version} lacks {missing}"

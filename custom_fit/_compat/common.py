@@ -13,6 +13,19 @@ from typing import Any, Callable, Iterator
 
 import tensorflow as tf
 
+__all__ = [
+    "CountingCall",
+    "batch_size_of",
+    "explain_xla_errors",
+    "is_scalar",
+    "loss_scaling_twins",
+    "recording",
+    "replica_context_with_peers",
+    "set_untracked",
+    "skippable_aggregation",
+    "variable_names_without_model",
+]
+
 # --------------------------------------------------------------------------
 # Data
 # --------------------------------------------------------------------------

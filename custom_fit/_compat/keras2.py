@@ -35,15 +35,10 @@ from tf_keras.src.mixed_precision import loss_scale_optimizer as _lso
 from tf_keras.src.saving import object_registration as _registration
 from tf_keras.src.utils import losses_utils as _losses_utils
 
-from custom_fit._compat.common import (  # noqa: F401  (re-exported)
+from custom_fit._compat.common import (
     CountingCall,
-    batch_size_of,
     explain_xla_errors,
-    is_scalar,
     loss_scaling_twins,
-    recording,
-    replica_context_with_peers,
-    set_untracked,
     skippable_aggregation,
     variable_names_without_model,
 )
@@ -391,8 +386,13 @@ def _from_keras_3(obj: Any) -> bool:
     return type(obj).__module__.split(".")[0] == "keras"
 
 
+def compile_kwargs_for_group(kwargs: dict) -> dict:
+    """``compile()`` arguments for an optimizer group, unchanged (``TrainerHooks._get_optimizer`` skips it)."""
+    return kwargs
+
+
 def check_compile_arguments(model, optimizer: Any, kwargs: dict) -> None:
-    """Rejects, with the Keras version they need, arguments only Keras 3 understands.
+    """Rejects, with the Keras version they need, ``compile()`` arguments only Keras 3 understands.
 
     Under ``TF_USE_LEGACY_KERAS=1`` ``import keras`` is still Keras 3, so a
     Keras 3 optimizer (e.g. one with ``gradient_accumulation_steps``), loss or
@@ -424,6 +424,11 @@ def check_compile_arguments(model, optimizer: Any, kwargs: dict) -> None:
         raise needs_keras_3(
             "compile(auto_scale_loss=...)",
             "leave it out (Keras 2 always scales the loss under mixed_float16)",
+        )
+    if kwargs.get("clip_after_aggregation") is False:
+        raise needs_keras_3(
+            "compile(clip_after_aggregation=False) (clipping each replica's gradient)",
+            "leave clip_after_aggregation out: Keras 2 optimizers clip the summed gradient",
         )
 
 

@@ -23,15 +23,11 @@ from keras.src.models import functional as _functional
 from keras.src.models import model as _model
 from keras.src.saving import object_registration as _registration
 
-from custom_fit._compat.common import (  # noqa: F401  (re-exported)
+from custom_fit._compat.common import (
     CountingCall,
     batch_size_of,
     explain_xla_errors,
-    is_scalar,
     loss_scaling_twins,
-    recording,
-    replica_context_with_peers,
-    set_untracked,
     skippable_aggregation,
     variable_names_without_model,
 )
@@ -169,8 +165,13 @@ def record_compile_option(model: keras.Model, name: str, value: Any) -> None:
     model._compile_config.config[name] = value
 
 
+def compile_kwargs_for_group(kwargs: dict) -> dict:
+    """``compile()`` arguments for an optimizer group: Keras must not loss-scale the group itself."""
+    return {**kwargs, "auto_scale_loss": False}
+
+
 def check_compile_arguments(model: keras.Model, optimizer: Any, kwargs: dict) -> None:
-    """Nothing to check: every ``compile()`` argument custom_fit accepts exists on Keras 3."""
+    """Nothing to check: every ``compile()`` argument custom_fit accepts works on Keras 3."""
 
 
 def unscale_loss_for_distribution(loss):
