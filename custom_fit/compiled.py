@@ -22,16 +22,17 @@ instead, which do what Keras 2 did:
 
 The nested ``{"compile_metrics": {...}}`` entry that ``self.metrics`` yields on
 Keras 3 is flattened by ``CustomModel`` before the logs reach callbacks.
+
+On Keras 2 (``TF_USE_LEGACY_KERAS=1``) the two names are Keras' own objects,
+which already mean this, and these classes are not used.
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-import keras
-from keras import ops
-
 from custom_fit import _compat
+from custom_fit._compat import keras
 
 
 class CompiledLoss:
@@ -90,8 +91,7 @@ class CompiledLoss:
                 f"neither for model '{model.name}'. Fix: call "
                 "`model.compile(optimizer=..., loss=...)` with a loss."
             )
-        # Same reduction as `Trainer.compute_loss`, so results are bit-identical.
-        total = losses[0] if len(losses) == 1 else ops.sum(losses)
+        total = _compat.sum_losses(losses)
         tracker = _compat.loss_tracker(model)
         if tracker is not None:
             tracker.update_state(

@@ -34,10 +34,11 @@ def pytest_terminal_summary(terminalreporter):
     if not parity.RESULTS:
         return
     terminalreporter.section(f"parity on {_compat.KERAS_VERSION}: keras reference vs custom_fit (max |delta|)")
-    terminalreporter.write_line(f"{'case':<52} {'weights':>9} {'history':>9} {'evaluate':>9} {'predict':>9} {'batch logs':>10}")
+    width = max(52, *(len(name) for name in parity.RESULTS))
+    terminalreporter.write_line(f"{'case':<{width}} {'weights':>9} {'history':>9} {'evaluate':>9} {'predict':>9} {'batch logs':>10}")
     for name, deltas in sorted(parity.RESULTS.items()):
         terminalreporter.write_line(
-            f"{name:<52} "
+            f"{name:<{width}} "
             + " ".join(f"{deltas[k]:>9.3g}" for k in ("weights", "history", "evaluate", "predict"))
             + f" {deltas['batch_logs']:>10.3g}"
         )

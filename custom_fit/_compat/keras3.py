@@ -105,6 +105,11 @@ def compiled_loss_value(model: keras.Model, y, y_pred, sample_weight):
     return model._compile_loss(y, y_pred, sample_weight)
 
 
+def sum_losses(losses: list):
+    """The total of several scalar losses, reduced as ``Trainer.compute_loss`` does (bit-identical)."""
+    return losses[0] if len(losses) == 1 else keras.ops.sum(losses)
+
+
 def aggregate_additional_loss(model: keras.Model, loss):
     """Reduces one ``add_loss``/regularization tensor the way Keras' trainer does.
 
