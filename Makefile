@@ -31,9 +31,10 @@ test-keras3: $(STAMP)
 test-keras2: $(STAMP)
 	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest tests
 
-## Measure throughput against keras.Model.fit and hand-written loops (benchmarks/results/).
+## Measure throughput against keras.Model.fit and hand-written loops (benchmarks/results/), then on Keras 2.
 bench: $(STAMP)
 	$(PY) benchmarks/bench.py
+	TF_USE_LEGACY_KERAS=1 $(PY) benchmarks/bench.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,6 +1,9 @@
 """Throughput of custom_fit against keras.Model.fit and hand-written loops, measured side by side.
 
-Run ``make bench`` (or ``python benchmarks/bench.py [--quick] [--out DIR]``).
+Run ``make bench`` (or ``python benchmarks/bench.py [--quick] [--out DIR]``). With
+``TF_USE_LEGACY_KERAS=1`` it measures on Keras 2 (tf_keras): ``CustomModel.fit``
+against tf_keras' ``Model.fit`` only (the keras.io step and GAN and the
+hand-written loops are Keras 3 code), into ``OUT/results_keras2.*``.
 
 Every variant of a workload is built and warmed up (one untimed epoch: tracing,
 optimizer creation), then the variants run one timed epoch each, in turn,
@@ -28,14 +31,15 @@ from typing import Callable
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import custom_fit  # noqa: E402
-from benchmarks import baselines  # noqa: E402
+from custom_fit import keras  # noqa: E402  (Keras 3, or tf_keras with TF_USE_LEGACY_KERAS=1)
 
 HERE = Path(__file__).resolve().parent
+KERAS_2 = custom_fit.KERAS_VERSION.startswith("tf_keras")
+STEM = "results_keras2" if KERAS_2 else "results"
 
 
 class PeakMemory:
@@ -102,6 +106,8 @@ def fit_variant(build: Callable, base: type, x, y, batch: int, **compile_kwargs)
 
 def classification_variants(kind: str, n: int, batch: int, eager_n: int) -> dict:
     """The five ways of training the same model; each entry: (run_epoch, samples per epoch)."""
+    from benchmarks import baselines  # Keras 3 code
+
     build = seed_cnn if kind == "cnn" else small_mlp
     x, y = classification_data(kind, n)
     keras.utils.set_random_seed(0)
@@ -127,6 +133,8 @@ def gan_parts(latent: int):
 
 def gan_variants(n_repeat: int, batch: int) -> dict:
     from sklearn.datasets import load_digits
+
+    from benchmarks import baselines  # Keras 3 code
 
     x = np.tile((load_digits().data / 8.0 - 1.0).astype("float32"), (n_repeat, 1))
     latent = 16
@@ -201,12 +209,13 @@ def sizes(quick: bool) -> dict:
 def run_all(quick: bool) -> dict:
     s = sizes(quick)
     workloads = {}
-    workloads["cnn (seed 000: 32x32x3, 100 classes, batch 32)"] = measure(
-        classification_variants("cnn", s["cnn_n"], 32, s["eager_n"]), s["repeats"], "keras.Model.fit")
-    workloads["mlp (16-32-10, batch 32)"] = measure(
-        classification_variants("mlp", s["mlp_n"], 32, s["eager_n"]), s["repeats"], "keras.Model.fit")
-    workloads["digits GAN (MLP, batch 64, two optimizers)"] = measure(
-        gan_variants(s["gan_repeat"], 64), s["repeats"], "keras.io GAN (keras.Model)")
+    for kind, n, title in (("cnn", s["cnn_n"], "cnn (seed 000: 32x32x3, 100 classes, batch 32)"),
+                           ("mlp", s["mlp_n"], "mlp (16-32-10, batch 32)")):
+        variants = options_variants(kind, n, 32) if KERAS_2 else classification_variants(kind, n, 32, s["eager_n"])
+        workloads[title] = measure(variants, s["repeats"], "keras.Model.fit")
+    if not KERAS_2:
+        workloads["digits GAN (MLP, batch 64, two optimizers)"] = measure(
+            gan_variants(s["gan_repeat"], 64), s["repeats"], "keras.io GAN (keras.Model)")
     for spe in s["spe"]:
         workloads[f"mlp, steps_per_execution={spe}"] = measure(
             options_variants("mlp", s["mlp_n"], 32, steps_per_execution=spe), s["repeats"], "keras.Model.fit")
@@ -236,7 +245,7 @@ def machine() -> str:
     except (OSError, StopIteration):
         pass
     return (f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-            f"TensorFlow {tf.__version__}, Keras {keras.version()}, custom_fit {custom_fit.__version__}")
+            f"TensorFlow {tf.__version__}, {custom_fit.KERAS_VERSION}, custom_fit {custom_fit.__version__}")
 
 
 def markdown(results: dict) -> str:
@@ -287,7 +296,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=15, help="rounds for --recheck")
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    stem = "recheck" if args.recheck else "results"
+    stem = ("recheck_keras2" if KERAS_2 else "recheck") if args.recheck else STEM
     repeats = args.repeats if args.recheck else sizes(args.quick)["repeats"]
     workloads = recheck(args.recheck, args.repeats) if args.recheck else run_all(args.quick)
     results = {"machine": machine(), "quick": args.quick, "repeats": repeats, "workloads": workloads}
@@ -296,7 +305,7 @@ def main(argv=None) -> dict:
     (args.out / f"{stem}.json").write_text(json.dumps(results, indent=1))
     (args.out / f"{stem}.md").write_text(markdown(results))
     if not args.recheck:
-        plot(results, args.out / "throughput.png")
+        plot(results, args.out / f"throughput{'_keras2' if KERAS_2 else ''}.png")
     print(markdown(results))
     print(f"wrote {args.out / stem}.json and .md in {results['seconds']:.0f} s")
     return results

@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import collections
+
 import keras as keras3
 import numpy as np
 import pytest
@@ -90,3 +92,28 @@ def test_both_keras_modules_define_every_helper_the_package_uses():
         module = importlib.import_module(f"custom_fit._compat.{version}")
         missing = sorted(name for name in used if not hasattr(module, name) and name not in common.__all__)
         assert not missing, f"custom_fit._compat.{version} lacks {missing}"
+
+
+def _op_types(graph) -> collections.Counter:
+    """Op types in ``graph`` and in every function it calls."""
+    counts = collections.Counter(op.type for op in graph.get_operations())
+    for function in graph._functions.values():
+        if hasattr(function, "graph"):
+            counts.update(_op_types(function.graph))
+    return counts
+
+
+@pytest.mark.keras2
+@pytest.mark.parametrize("steps_per_execution", [1, 4])
+def test_keras2_training_graph_has_the_same_ops_as_tf_keras(steps_per_execution):
+    """Speed parity without timing: the traced train function is tf_keras' own, op for op."""
+    x, y = np.random.default_rng(0).normal(size=(64, 4)).astype("float32"), np.zeros((64, 1), "float32")
+    graphs = {}
+    for base in (keras.Model, custom_fit.CustomModel):
+        inputs = keras.Input((4,))
+        model = base(inputs, keras.layers.Dense(1)(keras.layers.Dense(8, activation="relu")(inputs)))
+        model.compile(optimizer="adam", loss="mse", metrics=["mae"], steps_per_execution=steps_per_execution)
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+        functions = model.train_tf_function._list_all_concrete_functions()
+        graphs[base] = (len(functions), sum((_op_types(f.graph) for f in functions), collections.Counter()))
+    assert graphs[custom_fit.CustomModel] == graphs[keras.Model]
