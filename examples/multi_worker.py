@@ -51,8 +51,7 @@ def train(epochs: int) -> None:
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()  # reads TF_CONFIG
 
-    import keras
-
+    from custom_fit import keras  # Keras 3, or tf_keras under TF_USE_LEGACY_KERAS=1
     from custom_fit.demo import build_cnn, load_digits_split
     from custom_fit.model import CustomModel
 
@@ -63,7 +62,8 @@ def train(epochs: int) -> None:
         """This worker's part of every global batch."""
         batch = context.get_per_replica_batch_size(GLOBAL_BATCH)
         data = tf.data.Dataset.from_tensor_slices((x_train, y_train))
-        return data.shard(context.num_input_pipelines, context.input_pipeline_id).batch(batch, drop_remainder=True)
+        data = data.shard(context.num_input_pipelines, context.input_pipeline_id).batch(batch, drop_remainder=True)
+        return data.repeat()  # steps_per_epoch reads one pass per epoch (tf_keras keeps one iterator)
 
     keras.utils.set_random_seed(0)  # every worker starts from the same weights
     with strategy.scope():

@@ -8,9 +8,6 @@ import re
 import subprocess
 import sys
 
-import pytest
-
-pytestmark = pytest.mark.keras3  # the example uses Keras 3; MultiWorker on Keras 2 is covered by test_distribute
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
