@@ -159,7 +159,7 @@ class GAN(CustomModel):
         start = context.replica_id_in_sync_group * batch_size
         return noise[start : start + batch_size]
 
-    def _noise_seed(self, training: bool) -> Any:
+    def _noise_seed(self, training: bool) -> _compat.SeedGenerator:
         """The training noise generator, or evaluation's own (validation must not change training)."""
         return self.noise_generator if training else self.eval_noise_generator
 

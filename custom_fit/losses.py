@@ -16,6 +16,7 @@ from typing import Any
 import tensorflow as tf
 
 from custom_fit import _compat
+from custom_fit._compat import keras
 
 
 def batch_mean(values: Any, sample_weight: Any = None):
@@ -41,7 +42,7 @@ def batch_mean(values: Any, sample_weight: Any = None):
     return _compat.scale_loss_for_distribution(tf.reduce_mean(values))
 
 
-def regularization_loss(layer: Any):
+def regularization_loss(layer: keras.layers.Layer):
     """The sum of ``layer.losses`` (weight and activity penalties), scaled like Keras does.
 
     Keras adds ``model.losses`` to the loss only in ``compute_loss``; a

@@ -317,6 +317,8 @@ def variable_names(model, variables) -> list[str]:
     in (often just ``kernel:0``); the path through ``model``'s layers says
     which layer it belongs to, like Keras 3's ``variable.path``.
     """
+    if not variables:
+        return []
     paths: dict[int, str] = {}
 
     def walk(layer, prefix: str) -> None:
