@@ -124,10 +124,17 @@ def classification_variants(kind: str, n: int, batch: int, eager_n: int) -> dict
 
 
 def gan_parts(latent: int):
-    generator = keras.Sequential([keras.Input((latent,)), keras.layers.Dense(128), keras.layers.LeakyReLU(0.2),
-                                  keras.layers.Dense(64, activation="tanh")])
-    discriminator = keras.Sequential([keras.Input((64,)), keras.layers.Dense(128), keras.layers.LeakyReLU(0.2),
-                                      keras.layers.Dense(1)])
+    generator = keras.Sequential(
+        [
+            keras.Input((latent,)),
+            keras.layers.Dense(128),
+            keras.layers.LeakyReLU(0.2),
+            keras.layers.Dense(64, activation="tanh"),
+        ]
+    )
+    discriminator = keras.Sequential(
+        [keras.Input((64,)), keras.layers.Dense(128), keras.layers.LeakyReLU(0.2), keras.layers.Dense(1)]
+    )
     return generator, discriminator
 
 
@@ -144,8 +151,11 @@ def gan_variants(n_repeat: int, batch: int) -> dict:
     keras.utils.set_random_seed(0)
     generator, discriminator = gan_parts(latent)
     io_gan = baselines.keras_io_gan()(discriminator=discriminator, generator=generator, latent_dim=latent)
-    io_gan.compile(d_optimizer=keras.optimizers.Adam(2e-4, beta_1=0.5), g_optimizer=keras.optimizers.Adam(2e-4, beta_1=0.5),
-                   loss_fn=keras.losses.BinaryCrossentropy(from_logits=True))
+    io_gan.compile(
+        d_optimizer=keras.optimizers.Adam(2e-4, beta_1=0.5),
+        g_optimizer=keras.optimizers.Adam(2e-4, beta_1=0.5),
+        loss_fn=keras.losses.BinaryCrossentropy(from_logits=True),
+    )
     keras.utils.set_random_seed(0)
     loop = baselines.tf_function_gan_loop(*gan_parts(latent), latent, batch)
     n = len(x)
@@ -209,32 +219,48 @@ def sizes(quick: bool) -> dict:
 def run_all(quick: bool) -> dict:
     s = sizes(quick)
     workloads = {}
-    for kind, n, title in (("cnn", s["cnn_n"], "cnn (seed 000: 32x32x3, 100 classes, batch 32)"),
-                           ("mlp", s["mlp_n"], "mlp (16-32-10, batch 32)")):
+    for kind, n, title in (
+        ("cnn", s["cnn_n"], "cnn (seed 000: 32x32x3, 100 classes, batch 32)"),
+        ("mlp", s["mlp_n"], "mlp (16-32-10, batch 32)"),
+    ):
         variants = options_variants(kind, n, 32) if KERAS_2 else classification_variants(kind, n, 32, s["eager_n"])
         workloads[title] = measure(variants, s["repeats"], "keras.Model.fit")
     if not KERAS_2:
         workloads["digits GAN (MLP, batch 64, two optimizers)"] = measure(
-            gan_variants(s["gan_repeat"], 64), s["repeats"], "keras.io GAN (keras.Model)")
+            gan_variants(s["gan_repeat"], 64), s["repeats"], "keras.io GAN (keras.Model)"
+        )
     for spe in s["spe"]:
         workloads[f"mlp, steps_per_execution={spe}"] = measure(
-            options_variants("mlp", s["mlp_n"], 32, steps_per_execution=spe), s["repeats"], "keras.Model.fit")
+            options_variants("mlp", s["mlp_n"], 32, steps_per_execution=spe), s["repeats"], "keras.Model.fit"
+        )
     for kind, n in (("mlp", s["mlp_n"]), ("cnn", s["cnn_n"])):
         workloads[f"{kind}, jit_compile=True"] = measure(
-            options_variants(kind, n, 32, jit_compile=True), s["repeats"], "keras.Model.fit")
+            options_variants(kind, n, 32, jit_compile=True), s["repeats"], "keras.Model.fit"
+        )
     return workloads
 
 
 def recheck(names: list[str], repeats: int) -> dict:
     """Longer interleaved A/B runs for the named option workloads (e.g. ones below target)."""
     s = sizes(False)
-    builders = {f"mlp, steps_per_execution={spe}": ("mlp", s["mlp_n"], dict(steps_per_execution=spe)) for spe in s["spe"]}
-    builders.update({f"{kind}, jit_compile=True": (kind, n, dict(jit_compile=True)) for kind, n in (("mlp", s["mlp_n"]), ("cnn", s["cnn_n"]))})
+    builders = {
+        f"mlp, steps_per_execution={spe}": ("mlp", s["mlp_n"], dict(steps_per_execution=spe)) for spe in s["spe"]
+    }
+    builders.update(
+        {
+            f"{kind}, jit_compile=True": (kind, n, dict(jit_compile=True))
+            for kind, n in (("mlp", s["mlp_n"]), ("cnn", s["cnn_n"]))
+        }
+    )
     unknown = [n for n in names if n not in builders]
     if unknown:
         raise SystemExit(f"--recheck expected workload names from {sorted(builders)}, received {unknown}")
-    return {name: measure(options_variants(builders[name][0], builders[name][1], 32, **builders[name][2]), repeats, "keras.Model.fit")
-            for name in names}
+    return {
+        name: measure(
+            options_variants(builders[name][0], builders[name][1], 32, **builders[name][2]), repeats, "keras.Model.fit"
+        )
+        for name in names
+    }
 
 
 def machine() -> str:
@@ -244,15 +270,20 @@ def machine() -> str:
             cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return (f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-            f"TensorFlow {tf.__version__}, {custom_fit.KERAS_VERSION}, custom_fit {custom_fit.__version__}")
+    return (
+        f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"TensorFlow {tf.__version__}, {custom_fit.KERAS_VERSION}, custom_fit {custom_fit.__version__}"
+    )
 
 
 def markdown(results: dict) -> str:
-    lines = [f"Measured on: {results['machine']} ({'quick' if results['quick'] else 'full'} sizes, "
-             f"{results['repeats']} interleaved rounds).", "",
-             "| workload | variant | samples/s (median) | spread (min-max) | ratio to reference (median, min-max) | peak RSS growth |",
-             "|---|---|---:|---:|---:|---:|"]
+    lines = [
+        f"Measured on: {results['machine']} ({'quick' if results['quick'] else 'full'} sizes, "
+        f"{results['repeats']} interleaved rounds).",
+        "",
+        "| workload | variant | samples/s (median) | spread (min-max) | ratio to reference (median, min-max) | peak RSS growth |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
     for workload, result in results["workloads"].items():
         for name, v in result["variants"].items():
             reference = " (reference)" if name == result["reference"] else ""
@@ -260,7 +291,8 @@ def markdown(results: dict) -> str:
                 f"| {workload} | {name}{reference} | {v['samples_per_s_median']:,.0f} | "
                 f"{v['samples_per_s_min']:,.0f}-{v['samples_per_s_max']:,.0f} | "
                 f"{v['ratio_to_reference_median']:.3f} ({v['ratio_to_reference_min']:.2f}-{v['ratio_to_reference_max']:.2f}) | "
-                f"{v['peak_rss_growth_mb']:.0f} MB |")
+                f"{v['peak_rss_growth_mb']:.0f} MB |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -273,14 +305,23 @@ def plot(results: dict, path: Path) -> None:
     rows = [(f"{w.split(' (')[0]}: {n}", v) for w, r in results["workloads"].items() for n, v in r["variants"].items()]
     fig, ax = plt.subplots(figsize=(10, 0.3 * len(rows) + 1.2))
     medians = [v["ratio_to_reference_median"] for _, v in rows]
-    errors = [[m - v["ratio_to_reference_min"] for m, (_, v) in zip(medians, rows)],
-              [v["ratio_to_reference_max"] - m for m, (_, v) in zip(medians, rows)]]
-    ax.barh(range(len(rows)), medians, xerr=errors, color=["tab:orange" if "custom" in n.lower() else "tab:gray" for n, _ in rows])
+    errors = [
+        [m - v["ratio_to_reference_min"] for m, (_, v) in zip(medians, rows)],
+        [v["ratio_to_reference_max"] - m for m, (_, v) in zip(medians, rows)],
+    ]
+    ax.barh(
+        range(len(rows)),
+        medians,
+        xerr=errors,
+        color=["tab:orange" if "custom" in n.lower() else "tab:gray" for n, _ in rows],
+    )
     ax.set_yticks(range(len(rows)), [n for n, _ in rows], fontsize=7)
     ax.axvline(1.0, color="black", linewidth=0.8)
     ax.set_xscale("log")
-    ax.set_xlabel("throughput / reference (keras.Model.fit; keras.io GAN for the GAN), log scale;\n"
-                  "bars: median of per-round ratios, whiskers: min-max")
+    ax.set_xlabel(
+        "throughput / reference (keras.Model.fit; keras.io GAN for the GAN), log scale;\n"
+        "bars: median of per-round ratios, whiskers: min-max"
+    )
     ax.invert_yaxis()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -291,8 +332,12 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one round (used by the tests)")
     parser.add_argument("--out", type=Path, default=HERE / "results")
-    parser.add_argument("--recheck", nargs="+", metavar="WORKLOAD",
-                        help="only these option workloads (e.g. 'mlp, steps_per_execution=4'), longer")
+    parser.add_argument(
+        "--recheck",
+        nargs="+",
+        metavar="WORKLOAD",
+        help="only these option workloads (e.g. 'mlp, steps_per_execution=4'), longer",
+    )
     parser.add_argument("--repeats", type=int, default=15, help="rounds for --recheck")
     args = parser.parse_args(argv)
     started = time.perf_counter()

@@ -77,8 +77,13 @@ def train(base: type, data: tuple[np.ndarray, ...], *, seed: int, epochs: int, b
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     timer = EpochTimer()
     history = model.fit(
-        x_train, y_train, batch_size=batch_size, epochs=epochs, validation_split=0.15,
-        callbacks=[timer], verbose=verbose,
+        x_train,
+        y_train,
+        batch_size=batch_size,
+        epochs=epochs,
+        validation_split=0.15,
+        callbacks=[timer],
+        verbose=verbose,
     )
     test_loss, test_accuracy = model.evaluate(x_test, y_test, batch_size=256, verbose=0)
     return {

@@ -96,7 +96,9 @@ class GAN(CustomModel):
         self.seed = seed
         self.noise_generator = _compat.SeedGenerator(seed, name="noise_generator")
         # Evaluation draws its own noise, so validation does not change training.
-        self.eval_noise_generator = _compat.SeedGenerator(None if seed is None else seed + 1, name="eval_noise_generator")
+        self.eval_noise_generator = _compat.SeedGenerator(
+            None if seed is None else seed + 1, name="eval_noise_generator"
+        )
         if loss == "wgan-gp":
             self.logged_values = ("d_loss", "g_loss", "gradient_penalty")
         self.built = True
@@ -113,7 +115,11 @@ class GAN(CustomModel):
             **kwargs: As for :meth:`CustomModel.compile`.
         """
         if optimizer is None:
-            settings = dict(learning_rate=1e-4, beta_1=0.0, beta_2=0.9) if self.loss_name == "wgan-gp" else dict(learning_rate=2e-4, beta_1=0.5)
+            settings = (
+                dict(learning_rate=1e-4, beta_1=0.0, beta_2=0.9)
+                if self.loss_name == "wgan-gp"
+                else dict(learning_rate=2e-4, beta_1=0.5)
+            )
             optimizer = {role: keras.optimizers.Adam(**settings) for role in ("generator", "discriminator")}
         super().compile(optimizer=optimizer, **kwargs)
 

@@ -125,9 +125,7 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
     """
 
     def __init__(self, *args: Any, **kwargs: Any):
-        if _compat.is_functional_call(args, kwargs) and not isinstance(
-            self, _compat.Functional
-        ):
+        if _compat.is_functional_call(args, kwargs) and not isinstance(self, _compat.Functional):
             # `keras.Model.__init__` would splice `Functional` into the bases of
             # this class (and of CustomModel) for good. Move only this instance
             # to a private subclass that has `Functional` among its bases.
@@ -194,7 +192,9 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
             optimizer = NamedOptimizers(optimizer)
         if isinstance(optimizer, NamedOptimizers):
             optimizer.set_owners({name: getattr(self, name, None) for name in optimizer})
-            _compat.set_untracked(optimizer, "name_variables", lambda variables: _compat.variable_names(self, variables))
+            _compat.set_untracked(
+                optimizer, "name_variables", lambda variables: _compat.variable_names(self, variables)
+            )
             if self.dtype_policy.name == "mixed_float16" and kwargs.get("auto_scale_loss", True):
                 optimizer.wrap_for_loss_scaling()
             kwargs = _compat.compile_kwargs_for_group(kwargs)  # members are wrapped, not the group
@@ -222,9 +222,7 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
 
     def _compile_overridden(self) -> bool:
         """Whether a subclass replaced ``compile`` (and may call ours without an optimizer)."""
-        return any(
-            "compile" in vars(cls) for cls in type(self).__mro__[: type(self).__mro__.index(CustomModel)]
-        )
+        return any("compile" in vars(cls) for cls in type(self).__mro__[: type(self).__mro__.index(CustomModel)])
 
     # ------------------------------------------------------------------
     # The three steps
@@ -350,9 +348,7 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
         with _compat.gradients_already_summed(optimizer):
             self.apply_gradients(grads_and_vars, optimizer=optimizer)
 
-    def compute_gradients(
-        self, loss: tf.Tensor, tape: tf.GradientTape, variables: Sequence[Any]
-    ) -> list:
+    def compute_gradients(self, loss: tf.Tensor, tape: tf.GradientTape, variables: Sequence[Any]) -> list:
         """Returns ``d loss / d variable`` for each variable (``None`` if unconnected).
 
         Called by :meth:`minimize` with the already scaled loss. Override it to
@@ -539,7 +535,9 @@ class CustomModel(_compat.TrainerHooks, keras.Model):
         """:meth:`train_step`, recording which optimizers and variables it used."""
         records = _trace_records()
         records.used_optimizers, records.minimized = set(), set()
-        regularized = _compat.count_regularizer_calls(self) if type(self).train_step is not CustomModel.train_step else {}
+        regularized = (
+            _compat.count_regularizer_calls(self) if type(self).train_step is not CustomModel.train_step else {}
+        )
         calls_before = {key: r.calls for key, r in regularized.items()}
         logs = self.train_step(data)
         if isinstance(self.optimizer, NamedOptimizers):

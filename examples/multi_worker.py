@@ -79,9 +79,11 @@ def train(epochs: int) -> None:
     _, accuracy = model.evaluate(x_test, y_test, verbose=0)
     # One write per line: both workers share the launcher's stdout, and a single
     # short write() to a pipe is not interleaved with the other worker's.
-    sys.stdout.write(f"worker {task['index']}: {strategy.num_replicas_in_sync} replicas, "
-                     f"final loss {history.history['loss'][-1]:.4f}, test accuracy {accuracy:.4f}, "
-                     f"weight checksum {sum(float(w.sum()) for w in model.get_weights()):.6f}\n")
+    sys.stdout.write(
+        f"worker {task['index']}: {strategy.num_replicas_in_sync} replicas, "
+        f"final loss {history.history['loss'][-1]:.4f}, test accuracy {accuracy:.4f}, "
+        f"weight checksum {sum(float(w.sum()) for w in model.get_weights()):.6f}\n"
+    )
     sys.stdout.flush()
 
 
@@ -93,8 +95,10 @@ def main() -> int:
     if args.launch:
         return launch(args.launch, args.epochs)
     if "TF_CONFIG" not in os.environ:
-        parser.error("TF_CONFIG is not set: expected the cluster and this worker's index "
-                     "(see this file's docstring), or use --launch N to start N local workers")
+        parser.error(
+            "TF_CONFIG is not set: expected the cluster and this worker's index "
+            "(see this file's docstring), or use --launch N to start N local workers"
+        )
     train(args.epochs)
     return 0
 

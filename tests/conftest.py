@@ -35,7 +35,9 @@ def pytest_terminal_summary(terminalreporter):
         return
     terminalreporter.section(f"parity on {_compat.KERAS_VERSION}: keras reference vs custom_fit (max |delta|)")
     width = max(52, *(len(name) for name in parity.RESULTS))
-    terminalreporter.write_line(f"{'case':<{width}} {'weights':>9} {'history':>9} {'evaluate':>9} {'predict':>9} {'batch logs':>10}")
+    terminalreporter.write_line(
+        f"{'case':<{width}} {'weights':>9} {'history':>9} {'evaluate':>9} {'predict':>9} {'batch logs':>10}"
+    )
     for name, deltas in sorted(parity.RESULTS.items()):
         terminalreporter.write_line(
             f"{name:<{width}} "

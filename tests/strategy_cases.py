@@ -32,7 +32,10 @@ def data():
     x = rng.normal(size=(N_SAMPLES + 32, 8)).astype("float32")
     y = (x[:, 0] + x[:, 1] > 0).astype("int32") + (x[:, 2] > 0.5).astype("int32")
     return {
-        "x": x[:N_SAMPLES], "y": y[:N_SAMPLES], "x_val": x[N_SAMPLES:], "y_val": y[N_SAMPLES:],
+        "x": x[:N_SAMPLES],
+        "y": y[:N_SAMPLES],
+        "x_val": x[N_SAMPLES:],
+        "y_val": y[N_SAMPLES:],
         "sw": rng.uniform(0.2, 2.0, size=N_SAMPLES).astype("float32"),
         "sw_val": rng.uniform(0.2, 2.0, size=32).astype("float32"),
     }
@@ -42,10 +45,20 @@ def build(base, kind: str):
     from custom_fit import keras
 
     inputs = keras.Input((8,))
-    reg = dict(kernel_regularizer=keras.regularizers.L2(1e-2), activity_regularizer=keras.regularizers.L1(1e-3)) if kind == "regularizers" else {}
+    reg = (
+        dict(kernel_regularizer=keras.regularizers.L2(1e-2), activity_regularizer=keras.regularizers.L1(1e-3))
+        if kind == "regularizers"
+        else {}
+    )
     h = keras.layers.Dense(16, activation="relu", **reg)(inputs)
     if kind == "two_outputs":
-        return base(inputs, {"cls": keras.layers.Dense(3, activation="softmax", name="cls")(h), "reg": keras.layers.Dense(1, name="reg")(h)})
+        return base(
+            inputs,
+            {
+                "cls": keras.layers.Dense(3, activation="softmax", name="cls")(h),
+                "reg": keras.layers.Dense(1, name="reg")(h),
+            },
+        )
     return base(inputs, keras.layers.Dense(3, activation="softmax")(h))
 
 
@@ -53,10 +66,17 @@ def compile_kwargs(kind: str, **extra):
     from custom_fit import keras
 
     if kind == "two_outputs":
-        kwargs = dict(loss={"cls": "sparse_categorical_crossentropy", "reg": "mse"}, loss_weights={"cls": 1.0, "reg": 0.5},
-                      metrics={"cls": ["accuracy"], "reg": ["mae"]})
+        kwargs = dict(
+            loss={"cls": "sparse_categorical_crossentropy", "reg": "mse"},
+            loss_weights={"cls": 1.0, "reg": 0.5},
+            metrics={"cls": ["accuracy"], "reg": ["mae"]},
+        )
     else:
-        kwargs = dict(loss="sparse_categorical_crossentropy", metrics=["accuracy"], weighted_metrics=["accuracy"] if kind == "sample_weight" else None)
+        kwargs = dict(
+            loss="sparse_categorical_crossentropy",
+            metrics=["accuracy"],
+            weighted_metrics=["accuracy"] if kind == "sample_weight" else None,
+        )
     return dict(optimizer=keras.optimizers.Adam(1e-2), **kwargs, **extra)
 
 
@@ -76,9 +96,20 @@ def run(base, kind, strategy=None, epochs=3, fit_kwargs=None, **extra_compile):
         model = build(base, kind)
         model.compile(**compile_kwargs(kind, **extra_compile))
     sw = {"sample_weight": d["sw"]} if kind == "sample_weight" else {}
-    history = model.fit(d["x"], targets(d, kind), batch_size=GLOBAL_BATCH, epochs=epochs, shuffle=False, verbose=0,
-                        validation_data=(d["x_val"], targets(d, kind, "_val")), **sw, **(fit_kwargs or {}))
-    evaluation = model.evaluate(d["x_val"], targets(d, kind, "_val"), batch_size=GLOBAL_BATCH, verbose=0, return_dict=True)
+    history = model.fit(
+        d["x"],
+        targets(d, kind),
+        batch_size=GLOBAL_BATCH,
+        epochs=epochs,
+        shuffle=False,
+        verbose=0,
+        validation_data=(d["x_val"], targets(d, kind, "_val")),
+        **sw,
+        **(fit_kwargs or {}),
+    )
+    evaluation = model.evaluate(
+        d["x_val"], targets(d, kind, "_val"), batch_size=GLOBAL_BATCH, verbose=0, return_dict=True
+    )
     prediction = model.predict(d["x_val"], batch_size=GLOBAL_BATCH, verbose=0)
     return {
         "weights": [w.tolist() for w in model.get_weights()],
@@ -130,13 +161,18 @@ def mirrored():
 
     # Clipping: Keras clips per replica; clip_after_aggregation matches one device.
     clip = dict(optimizer=None)
-    for name, opt in {"global_clipnorm": dict(global_clipnorm=0.05), "clipnorm": dict(clipnorm=0.05), "clipvalue": dict(clipvalue=0.01)}.items():
+    for name, opt in {
+        "global_clipnorm": dict(global_clipnorm=0.05),
+        "clipnorm": dict(clipnorm=0.05),
+        "clipvalue": dict(clipvalue=0.01),
+    }.items():
+
         def with_opt(base, strategy_, **extra):
             kwargs = compile_kwargs("base", **extra)
             kwargs["optimizer"] = keras.optimizers.SGD(0.5, **opt)
             d = data()
             keras.utils.set_random_seed(SEED)
-            with (strategy_.scope() if strategy_ else tf.distribute.get_strategy().scope()):
+            with strategy_.scope() if strategy_ else tf.distribute.get_strategy().scope():
                 model = build(base, "base")
                 model.compile(**kwargs)
             model.fit(d["x"], d["y"], batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=0)
@@ -160,13 +196,20 @@ def mirrored():
         keras.utils.set_random_seed(SEED)
         scope = strategy_.scope() if strategy_ else tf.distribute.get_strategy().scope()
         with scope:
-            generator = keras.Sequential([keras.Input((4,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(8)])
-            discriminator = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+            generator = keras.Sequential(
+                [keras.Input((4,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(8)]
+            )
+            discriminator = keras.Sequential(
+                [keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)]
+            )
             gan = custom_fit.GAN(generator, discriminator, latent_dim=4, seed=SEED)
             gan.compile(steps_per_execution=2)
         history = gan.fit(data()["x"], batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=0)
-        return {"weights": [w.tolist() for w in gan.get_weights()], "history": history.history,
-                "iterations": {n: int(gan.optimizer[n].iterations.numpy()) for n in ("generator", "discriminator")}}
+        return {
+            "weights": [w.tolist() for w in gan.get_weights()],
+            "history": history.history,
+            "iterations": {n: int(gan.optimizer[n].iterations.numpy()) for n in ("generator", "discriminator")},
+        }
 
     gan_mirrored = attempt(lambda: gan_run(strategy))
     if "error" in gan_mirrored:
@@ -185,10 +228,12 @@ def mirrored():
 
 def worker(index: int, ports: list[int]):
     """One of two ``MultiWorkerMirroredStrategy`` workers, training on its own shard."""
-    os.environ["TF_CONFIG"] = json.dumps({
-        "cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
-        "task": {"type": "worker", "index": index},
-    })
+    os.environ["TF_CONFIG"] = json.dumps(
+        {
+            "cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+            "task": {"type": "worker", "index": index},
+        }
+    )
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     from custom_fit import keras
 
@@ -206,7 +251,12 @@ def worker(index: int, ports: list[int]):
     with strategy.scope():
         model = build(custom_fit.CustomModel, "base")
         model.compile(**compile_kwargs("base"))
-    history = model.fit(strategy.distribute_datasets_from_function(shard), epochs=3, steps_per_epoch=N_SAMPLES // GLOBAL_BATCH, verbose=0)
+    history = model.fit(
+        strategy.distribute_datasets_from_function(shard),
+        epochs=3,
+        steps_per_epoch=N_SAMPLES // GLOBAL_BATCH,
+        verbose=0,
+    )
     evaluation = model.evaluate(d["x_val"], d["y_val"], batch_size=GLOBAL_BATCH, verbose=0, return_dict=True)
 
     # The same with NumPy input (Keras shards it) and with plain keras.Model.
@@ -242,8 +292,11 @@ def single_process_reference():
     model.compile(**compile_kwargs("base"))
     history = model.fit(d["x"], d["y"], batch_size=GLOBAL_BATCH, epochs=3, shuffle=False, verbose=0)
     evaluation = model.evaluate(d["x_val"], d["y_val"], batch_size=GLOBAL_BATCH, verbose=0, return_dict=True)
-    return {"weights": [w.tolist() for w in model.get_weights()], "history": history.history,
-            "evaluate": {k: float(v) for k, v in evaluation.items()}}
+    return {
+        "weights": [w.tolist() for w in model.get_weights()],
+        "history": history.history,
+        "evaluate": {k: float(v) for k, v in evaluation.items()},
+    }
 
 
 def main(argv):

@@ -34,5 +34,8 @@ def test_quick_benchmark_writes_valid_results(tmp_path):
 
 
 def test_recheck_rejects_unknown_workloads():
-    with pytest.raises(SystemExit, match=r"--recheck expected workload names from \[.*'mlp, steps_per_execution=4'.*\], received \['mlp, spe=4'\]"):
+    with pytest.raises(
+        SystemExit,
+        match=r"--recheck expected workload names from \[.*'mlp, steps_per_execution=4'.*\], received \['mlp, spe=4'\]",
+    ):
         bench.recheck(["mlp, spe=4"], repeats=1)

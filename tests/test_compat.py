@@ -17,7 +17,9 @@ from tensorflow import keras
 import custom_fit
 from custom_fit import _compat
 
-KERAS_3_NEEDED = r"needs Keras 3 \(keras>=3.0\); this process runs Keras 2 \(tf_keras [\d.]+\) because TF_USE_LEGACY_KERAS=1"
+KERAS_3_NEEDED = (
+    r"needs Keras 3 \(keras>=3.0\); this process runs Keras 2 \(tf_keras [\d.]+\) because TF_USE_LEGACY_KERAS=1"
+)
 
 
 def test_custom_model_subclasses_the_keras_tensorflow_uses():
@@ -35,17 +37,28 @@ def small_model():
 @pytest.mark.keras2
 def test_keras3_optimizer_with_gradient_accumulation_names_the_keras_version():
     model = small_model()
-    with pytest.raises(ValueError, match=r"An optimizer with gradient_accumulation_steps=4 \(received for CustomModel '.*', a tf_keras model\) "
-                       + KERAS_3_NEEDED + r".*Fix: pass a tf.keras optimizer, e.g. tf.keras.optimizers.Adam\(\) and accumulate gradients in train_step"):
+    with pytest.raises(
+        ValueError,
+        match=r"An optimizer with gradient_accumulation_steps=4 \(received for CustomModel '.*', a tf_keras model\) "
+        + KERAS_3_NEEDED
+        + r".*Fix: pass a tf.keras optimizer, e.g. tf.keras.optimizers.Adam\(\) and accumulate gradients in train_step",
+    ):
         model.compile(optimizer=keras3.optimizers.Adam(gradient_accumulation_steps=4), loss="mse")
 
 
 @pytest.mark.keras2
 def test_keras3_objects_in_compile_name_the_keras_version():
     model = small_model()
-    with pytest.raises(ValueError, match=r"The Keras 3 optimizer SGD .*" + KERAS_3_NEEDED + r".*tf.keras.optimizers.SGD\(\)"):
+    with pytest.raises(
+        ValueError, match=r"The Keras 3 optimizer SGD .*" + KERAS_3_NEEDED + r".*tf.keras.optimizers.SGD\(\)"
+    ):
         model.compile(optimizer={"generator": keras3.optimizers.SGD()}, loss="mse")
-    with pytest.raises(ValueError, match=r"The Keras 3 object MeanSquaredError passed as compile\(loss=...\) " + KERAS_3_NEEDED + r".*Fix: use tf.keras.losses.MeanSquaredError"):
+    with pytest.raises(
+        ValueError,
+        match=r"The Keras 3 object MeanSquaredError passed as compile\(loss=...\) "
+        + KERAS_3_NEEDED
+        + r".*Fix: use tf.keras.losses.MeanSquaredError",
+    ):
         model.compile(optimizer="sgd", loss=keras3.losses.MeanSquaredError())
     with pytest.raises(ValueError, match=r"compile\(auto_scale_loss=...\) " + KERAS_3_NEEDED + r".*Fix: leave it out"):
         model.compile(optimizer="sgd", loss="mse", auto_scale_loss=False)
@@ -53,14 +66,22 @@ def test_keras3_objects_in_compile_name_the_keras_version():
 
 @pytest.mark.keras2
 def test_per_replica_clipping_names_the_keras_version():
-    with pytest.raises(ValueError, match=r"compile\(clip_after_aggregation=False\).*" + KERAS_3_NEEDED + r".*Fix: leave clip_after_aggregation out"):
+    with pytest.raises(
+        ValueError,
+        match=r"compile\(clip_after_aggregation=False\).*"
+        + KERAS_3_NEEDED
+        + r".*Fix: leave clip_after_aggregation out",
+    ):
         small_model().compile(optimizer="sgd", loss="mse", clip_after_aggregation=False)
 
 
 @pytest.mark.keras2
 def test_keras3_tensors_are_rejected_before_keras2_rewrites_the_class():
     inputs = keras3.Input((4,))
-    with pytest.raises(ValueError, match=r"received are Keras 3 tensors \(keras.*KerasTensor, from `import keras`\)\. Expected tensors from tf.keras.Input\(...\)\. Fix:"):
+    with pytest.raises(
+        ValueError,
+        match=r"received are Keras 3 tensors \(keras.*KerasTensor, from `import keras`\)\. Expected tensors from tf.keras.Input\(...\)\. Fix:",
+    ):
         custom_fit.CustomModel(inputs, keras3.layers.Dense(1)(inputs))
     # The class is intact: a subclass with its own __init__ still works.
     model = small_model()

@@ -43,6 +43,8 @@ class CustomModel(custom_fit.CustomModel):
         self.compiled_metrics.update_state(y, y_pred)
         # Return a dict mapping metric names to current value
         return {m.name: m.result() for m in self.metrics}
+
+
 # --- end of seed code ---
 
 
@@ -69,8 +71,11 @@ def test_seed_step_reports_the_true_loss():
     reference, expected = seed_program(keras.Model)
     assert history == expected
     assert parity.max_delta(model.get_weights(), reference.get_weights()) == 0.0
-    parity.record("Keras-2 step: seed 002 code", history=parity.max_delta(history, expected),
-                  weights=parity.max_delta(model.get_weights(), reference.get_weights()))
+    parity.record(
+        "Keras-2 step: seed 002 code",
+        history=parity.max_delta(history, expected),
+        weights=parity.max_delta(model.get_weights(), reference.get_weights()),
+    )
 
 
 @pytest.mark.keras3
@@ -112,8 +117,12 @@ DATA = parity.classification_data()
 
 def regularized_mlp(base):
     inputs = keras.Input((parity.N_FEATURES,))
-    h = keras.layers.Dense(16, activation="relu", kernel_regularizer=keras.regularizers.L2(0.05),
-                           activity_regularizer=keras.regularizers.L1(1e-3))(inputs)
+    h = keras.layers.Dense(
+        16,
+        activation="relu",
+        kernel_regularizer=keras.regularizers.L2(0.05),
+        activity_regularizer=keras.regularizers.L1(1e-3),
+    )(inputs)
     return base(inputs, keras.layers.Dense(parity.N_CLASSES, activation="softmax")(h))
 
 
@@ -126,23 +135,48 @@ def two_outputs(base):
 
 
 def targets(n):
-    return {"cls": DATA["y"][:n] if n == parity.N_TRAIN else DATA["y_val"], "reg": (DATA["x"] if n == parity.N_TRAIN else DATA["x_val"])[:, :1]}
+    return {
+        "cls": DATA["y"][:n] if n == parity.N_TRAIN else DATA["y_val"],
+        "reg": (DATA["x"] if n == parity.N_TRAIN else DATA["x_val"])[:, :1],
+    }
 
 
 KERAS2_CASES = {
     "regularizers + sample_weight": (
         regularized_mlp,
-        dict(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"], weighted_metrics=["accuracy"]),
-        lambda: dict(x=DATA["x"], y=DATA["y"], sample_weight=DATA["sample_weight"], batch_size=16, epochs=3, shuffle=False,
-                     validation_data=(DATA["x_val"], DATA["y_val"])),
+        dict(
+            optimizer="adam",
+            loss="sparse_categorical_crossentropy",
+            metrics=["accuracy"],
+            weighted_metrics=["accuracy"],
+        ),
+        lambda: dict(
+            x=DATA["x"],
+            y=DATA["y"],
+            sample_weight=DATA["sample_weight"],
+            batch_size=16,
+            epochs=3,
+            shuffle=False,
+            validation_data=(DATA["x_val"], DATA["y_val"]),
+        ),
         lambda: dict(x=DATA["x_val"], y=DATA["y_val"], batch_size=16),
     ),
     "two outputs, dict losses + loss_weights": (
         two_outputs,
-        dict(optimizer="adam", loss={"cls": "sparse_categorical_crossentropy", "reg": "mse"},
-             loss_weights={"cls": 0.7, "reg": 0.3}, metrics={"cls": ["accuracy"], "reg": ["mae"]}),
-        lambda: dict(x=DATA["x"], y=targets(parity.N_TRAIN), batch_size=16, epochs=3, shuffle=False,
-                     validation_data=(DATA["x_val"], targets(parity.N_VAL))),
+        dict(
+            optimizer="adam",
+            loss={"cls": "sparse_categorical_crossentropy", "reg": "mse"},
+            loss_weights={"cls": 0.7, "reg": 0.3},
+            metrics={"cls": ["accuracy"], "reg": ["mae"]},
+        ),
+        lambda: dict(
+            x=DATA["x"],
+            y=targets(parity.N_TRAIN),
+            batch_size=16,
+            epochs=3,
+            shuffle=False,
+            validation_data=(DATA["x_val"], targets(parity.N_VAL)),
+        ),
         lambda: dict(x=DATA["x_val"], y=targets(parity.N_VAL), batch_size=16),
     ),
 }
@@ -151,8 +185,12 @@ KERAS2_CASES = {
 @pytest.mark.parametrize("case", list(KERAS2_CASES))
 def test_keras2_step_matches_keras_model(case):
     build, compile_kwargs, fit_args, eval_args = KERAS2_CASES[case]
-    reference = parity.train(build, keras.Model, seed=SEED, compile_kwargs=compile_kwargs, fit_args=fit_args, eval_args=eval_args)
-    candidate = parity.train(build, Keras2Step, seed=SEED, compile_kwargs=compile_kwargs, fit_args=fit_args, eval_args=eval_args)
+    reference = parity.train(
+        build, keras.Model, seed=SEED, compile_kwargs=compile_kwargs, fit_args=fit_args, eval_args=eval_args
+    )
+    candidate = parity.train(
+        build, Keras2Step, seed=SEED, compile_kwargs=compile_kwargs, fit_args=fit_args, eval_args=eval_args
+    )
     parity.assert_same(f"Keras-2 step: {case}", reference, candidate)
     for logs in (candidate.history, *[entry[2] for entry in candidate.batch_logs]):
         assert all(isinstance(v, (float, list)) for v in logs.values()), "logs must be flat scalars"

@@ -23,7 +23,11 @@ def test_demo_entry_point_shows_progress_bar():
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     completed = subprocess.run(
         [sys.executable, "-m", "custom_fit.demo", "--epochs", "2"],
-        capture_output=True, text=True, env=env, timeout=300, check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=True,
     )
     assert "Epoch 2/2" in completed.stdout and "val_accuracy" in completed.stdout
     assert "CustomModel.fit" in completed.stdout and "bit-for-bit identical" in completed.stdout

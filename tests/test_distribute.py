@@ -29,8 +29,14 @@ SINGLE_DEVICE_TOLERANCE = 1e-5
 def run_group(directory, *args, timeout=600):
     out = os.path.join(directory, f"{args[0]}.json")
     command = [sys.executable, "-m", "tests.strategy_cases", *args, out]
-    completed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                               env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    completed = subprocess.run(
+        command,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
     assert completed.returncode == 0, completed.stderr[-4000:]
     with open(out) as f:
         return json.load(f)
@@ -72,9 +78,12 @@ def test_mirrored_steps_per_execution_equals_one_step(mirrored, steps):
 
 
 @pytest.mark.keras3
-@pytest.mark.xfail(strict=False, reason="Keras 3.15 upstream bug keras-team/keras#19246: keras.Model.fit under "
-                   "MirroredStrategy with steps_per_execution > 1 fails; an XPASS means upstream fixed it and "
-                   "custom_fit's own fused loop could be retired")
+@pytest.mark.xfail(
+    strict=False,
+    reason="Keras 3.15 upstream bug keras-team/keras#19246: keras.Model.fit under "
+    "MirroredStrategy with steps_per_execution > 1 fails; an XPASS means upstream fixed it and "
+    "custom_fit's own fused loop could be retired",
+)
 def test_plain_keras_mirrored_steps_per_execution(mirrored):
     result = mirrored["spe/keras/4"]
     assert "error" not in result, result["error"][:300]
@@ -123,8 +132,14 @@ def two_workers(tmp_path_factory):
     out = tmp_path_factory.mktemp("workers")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     workers = [
-        subprocess.Popen([sys.executable, "-m", "tests.strategy_cases", "worker", str(i), ports, str(out / f"w{i}.json")],
-                         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.strategy_cases", "worker", str(i), ports, str(out / f"w{i}.json")],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for i in range(2)
     ]
     try:

@@ -55,8 +55,9 @@ def dcgan_parts(conditional=False):
 def make_gan(loss="bce", seed=3, conditional=False, **kwargs):
     keras.utils.set_random_seed(seed)
     generator, discriminator = dcgan_parts(conditional)
-    return custom_fit.GAN(generator, discriminator, LATENT, loss=loss, seed=seed,
-                          num_classes=10 if conditional else None, **kwargs)
+    return custom_fit.GAN(
+        generator, discriminator, LATENT, loss=loss, seed=seed, num_classes=10 if conditional else None, **kwargs
+    )
 
 
 @pytest.mark.parametrize("loss", ["bce", "hinge", "wgan-gp"])
@@ -85,8 +86,10 @@ def test_each_sub_step_changes_only_its_sub_model():
     gan.compile()
     gan.fit(x, batch_size=32, epochs=1, verbose=0)  # builds both optimizers
     real = tf.constant(x)
-    for step, changed, unchanged in ((gan.train_discriminator, gan.discriminator, gan.generator),
-                                     (lambda r: gan.train_generator(32), gan.generator, gan.discriminator)):
+    for step, changed, unchanged in (
+        (gan.train_discriminator, gan.discriminator, gan.generator),
+        (lambda r: gan.train_generator(32), gan.generator, gan.discriminator),
+    ):
         before_changed = [np.array(w) for w in changed.get_weights()]
         before_unchanged = [np.array(w) for w in unchanged.get_weights()]
         step(real)
@@ -114,7 +117,9 @@ def test_conditional_gan_generates_requested_classes():
     history = gan.fit(x, y, batch_size=32, epochs=1, verbose=0).history
     assert np.isfinite(history["d_loss"]).all()
     assert gan.generate(10, labels=list(range(10))).shape == (10, 8, 8, 1)
-    with pytest.raises(ValueError, match=r"expected batches of \(samples, labels\), received samples only. Fix: fit\(x, labels\)"):
+    with pytest.raises(
+        ValueError, match=r"expected batches of \(samples, labels\), received samples only. Fix: fit\(x, labels\)"
+    ):
         gan.fit(x, epochs=1, verbose=0)
 
 
@@ -173,7 +178,13 @@ def test_callbacks_monitor_reported_values(tmp_path):
     gan.compile()
     callbacks = [
         keras.callbacks.EarlyStopping(monitor="g_loss", patience=5),  # mode inferred: lower is better
-        keras.callbacks.ModelCheckpoint(str(tmp_path / "best.weights.h5"), monitor="val_d_loss", mode="min", save_best_only=True, save_weights_only=True),
+        keras.callbacks.ModelCheckpoint(
+            str(tmp_path / "best.weights.h5"),
+            monitor="val_d_loss",
+            mode="min",
+            save_best_only=True,
+            save_weights_only=True,
+        ),
         keras.callbacks.CSVLogger(str(tmp_path / "log.csv")),
         keras.callbacks.TensorBoard(str(tmp_path / "tb")),
     ]
@@ -197,8 +208,10 @@ def test_keras2_learning_rate_callbacks_on_named_optimizers_say_keras_3_is_neede
     gan = make_gan("bce")
     gan.compile()
     expected = r"ReduceLROnPlateau and LearningRateScheduler.*needs Keras 3 \(keras>=3.0\).*tf_keras.*Fix: NamedOptimizers has one learning rate per member"
-    for callback in (keras.callbacks.ReduceLROnPlateau(monitor="d_loss"),
-                     keras.callbacks.LearningRateScheduler(lambda epoch, lr: lr)):
+    for callback in (
+        keras.callbacks.ReduceLROnPlateau(monitor="d_loss"),
+        keras.callbacks.LearningRateScheduler(lambda epoch, lr: lr),
+    ):
         with pytest.raises(ValueError, match=expected):
             gan.fit(x, batch_size=32, epochs=1, verbose=0, callbacks=[callback])
 
@@ -227,7 +240,13 @@ def test_save_and_load_restore_every_optimizer(tmp_path):
     assert type(loaded) is custom_fit.GAN and _compat.is_compiled(loaded)
     for name in ("generator", "discriminator"):
         assert int(loaded.optimizer[name].iterations) == int(gan.optimizer[name].iterations) > 0
-        assert parity.max_delta([v.numpy() for v in gan.optimizer[name].variables], [v.numpy() for v in loaded.optimizer[name].variables]) == 0.0
+        assert (
+            parity.max_delta(
+                [v.numpy() for v in gan.optimizer[name].variables],
+                [v.numpy() for v in loaded.optimizer[name].variables],
+            )
+            == 0.0
+        )
     history = fit_gan(loaded, x, 4, initial_epoch=2)
     delta = parity.max_delta(reference.get_weights(), loaded.get_weights())
     parity.record("GAN wgan-gp: save/load .keras, resume", weights=delta)
@@ -270,8 +289,13 @@ def test_weights_and_checkpoint_round_trip_all_optimizer_slots(tmp_path):
     for restored in (other, third):
         assert parity.max_delta(gan.get_weights(), restored.get_weights()) == 0.0
         for name in ("generator", "discriminator"):
-            assert parity.max_delta([v.numpy() for v in gan.optimizer[name].variables],
-                                    [v.numpy() for v in restored.optimizer[name].variables]) == 0.0
+            assert (
+                parity.max_delta(
+                    [v.numpy() for v in gan.optimizer[name].variables],
+                    [v.numpy() for v in restored.optimizer[name].variables],
+                )
+                == 0.0
+            )
 
 
 def conditional_mlp_parts():
@@ -285,8 +309,10 @@ def conditional_mlp_parts():
     h = keras.layers.Concatenate()([keras.layers.Flatten()(image), keras.layers.Embedding(10, 16)(d_label)])
     for _ in range(2):
         h = keras.layers.LeakyReLU(0.2)(keras.layers.Dense(128)(h))
-    return (keras.Model([noise, label], images, name="generator"),
-            keras.Model([image, d_label], keras.layers.Dense(1)(h), name="discriminator"))
+    return (
+        keras.Model([noise, label], images, name="generator"),
+        keras.Model([image, d_label], keras.layers.Dense(1)(h), name="discriminator"),
+    )
 
 
 def test_digits_gan_image_grid(tmp_path):
@@ -326,8 +352,11 @@ def test_keras_io_style_gan_trains_unchanged():
     keras.utils.set_random_seed(1)
     generator, discriminator = dcgan_parts()
     gan = KerasIoGAN(discriminator=discriminator, generator=generator, latent_dim=LATENT)
-    gan.compile(d_optimizer=keras.optimizers.Adam(3e-4), g_optimizer=keras.optimizers.Adam(3e-4),
-                loss_fn=keras.losses.BinaryCrossentropy(from_logits=True))
+    gan.compile(
+        d_optimizer=keras.optimizers.Adam(3e-4),
+        g_optimizer=keras.optimizers.Adam(3e-4),
+        loss_fn=keras.losses.BinaryCrossentropy(from_logits=True),
+    )
     assert gan.optimizer is None, "no stray default optimizer"
     history = gan.fit(x, batch_size=32, epochs=2, verbose=0).history
     assert sorted(history) == ["d_loss", "g_loss"] and np.isfinite(history["d_loss"]).all()
@@ -341,8 +370,13 @@ class VAE(custom_fit.CustomModel):
 
     def __init__(self, latent=2, **kwargs):
         super().__init__(**kwargs)
-        self.encoder = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(2 * latent)], name="encoder")
-        self.decoder = keras.Sequential([keras.Input((latent,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(64)], name="decoder")
+        self.encoder = keras.Sequential(
+            [keras.Input((64,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(2 * latent)],
+            name="encoder",
+        )
+        self.decoder = keras.Sequential(
+            [keras.Input((latent,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(64)], name="decoder"
+        )
         self.noise = _compat.SeedGenerator(0)  # keras.random.SeedGenerator on Keras 3
         self.built = True
 
@@ -377,20 +411,37 @@ def test_vae_reports_three_losses_with_one_optimizer():
     vae = VAE()
     vae.compile(optimizer=keras.optimizers.Adam(1e-3))
     history = vae.fit(x, batch_size=64, epochs=5, verbose=0, validation_data=(x[:128],)).history
-    assert sorted(history) == ["kl_loss", "loss", "reconstruction_loss", "val_kl_loss", "val_loss", "val_reconstruction_loss"]
+    assert sorted(history) == [
+        "kl_loss",
+        "loss",
+        "reconstruction_loss",
+        "val_kl_loss",
+        "val_loss",
+        "val_reconstruction_loss",
+    ]
     assert history["loss"][-1] < history["loss"][0]
     for epoch in range(5):  # the parts add up, as epoch means
-        assert history["loss"][epoch] == pytest.approx(history["reconstruction_loss"][epoch] + history["kl_loss"][epoch], rel=1e-5)
-    with pytest.raises(ValueError, match=r"log_values\(\) received 'elbo', which is not in VAE.logged_values = \('loss', 'reconstruction_loss', 'kl_loss'\).*Fix: add 'elbo'"):
+        assert history["loss"][epoch] == pytest.approx(
+            history["reconstruction_loss"][epoch] + history["kl_loss"][epoch], rel=1e-5
+        )
+    with pytest.raises(
+        ValueError,
+        match=r"log_values\(\) received 'elbo', which is not in VAE.logged_values = \('loss', 'reconstruction_loss', 'kl_loss'\).*Fix: add 'elbo'",
+    ):
         vae.log_values(x, elbo=1.0)
 
 
 def test_gan_argument_errors_say_how_to_fix():
     generator, discriminator = dcgan_parts()
-    with pytest.raises(ValueError, match=r"GAN loss must be one of \('bce', 'hinge', 'wgan-gp'\), received loss='wgan'. Fix"):
+    with pytest.raises(
+        ValueError, match=r"GAN loss must be one of \('bce', 'hinge', 'wgan-gp'\), received loss='wgan'. Fix"
+    ):
         custom_fit.GAN(generator, discriminator, LATENT, loss="wgan")
     unbuilt = keras.Sequential([keras.layers.Dense(1)])
-    with pytest.raises(ValueError, match=r"GAN expected a built keras.Model as discriminator, received Sequential \(not built\)\. Fix: build it with an Input"):
+    with pytest.raises(
+        ValueError,
+        match=r"GAN expected a built keras.Model as discriminator, received Sequential \(not built\)\. Fix: build it with an Input",
+    ):
         custom_fit.GAN(generator, unbuilt, LATENT)
 
 

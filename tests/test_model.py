@@ -145,7 +145,12 @@ def test_override_points_are_called_in_order():
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", run_eagerly=True)
     model.train_on_batch(X[:8], Y[:8])
     assert model.calls == [
-        "compute_loss", "minimize", "compute_gradients", "transform_gradients", "apply_gradients", "compute_metrics",
+        "compute_loss",
+        "minimize",
+        "compute_gradients",
+        "transform_gradients",
+        "apply_gradients",
+        "compute_metrics",
     ]
     model.calls = []
     model.test_on_batch(X[:8], Y[:8])
@@ -200,7 +205,10 @@ def test_minimize_with_two_optimizers_in_one_step():
 
 def test_fit_before_compile_says_how_to_fix():
     model = functional()
-    with pytest.raises(ValueError, match=r"CustomModel.fit\(\) needs a compiled model: expected `model.compile\(optimizer=..., loss=...\)`.*was never compiled. Fix: call `model.compile"):
+    with pytest.raises(
+        ValueError,
+        match=r"CustomModel.fit\(\) needs a compiled model: expected `model.compile\(optimizer=..., loss=...\)`.*was never compiled. Fix: call `model.compile",
+    ):
         model.fit(X, Y, verbose=0)
     with pytest.raises(ValueError, match=r"evaluate\(\) needs a compiled model"):
         model.evaluate(X, Y, verbose=0)
@@ -217,7 +225,10 @@ def test_minimize_with_unknown_optimizer_name():
 
     model = functional(Named)
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
-    with pytest.raises(ValueError, match=r"received optimizer='generator', which names no optimizer of this model \(compiled optimizer: Adam; name optimizers with compile\(optimizer=\{name: ...\}\)\)\. Expected `None`.*Fix: omit"):
+    with pytest.raises(
+        ValueError,
+        match=r"received optimizer='generator', which names no optimizer of this model \(compiled optimizer: Adam; name optimizers with compile\(optimizer=\{name: ...\}\)\)\. Expected `None`.*Fix: omit",
+    ):
         model.fit(X, Y, verbose=0)
 
 
@@ -269,14 +280,19 @@ def test_no_variable_with_a_gradient_is_an_error():
 
     model = functional(Detached)
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
-    with pytest.raises(ValueError, match=r"none of the 2 variables has a gradient. Expected a loss computed from these variables.*Fix:"):
+    with pytest.raises(
+        ValueError, match=r"none of the 2 variables has a gradient. Expected a loss computed from these variables.*Fix:"
+    ):
         model.fit(X, Y, verbose=0)
 
 
 def test_missing_targets_say_how_to_fix():
     model = functional()
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
-    with pytest.raises(ValueError, match=r"compiled with loss='sparse_categorical_crossentropy', which needs targets: expected batches of \(x, y\).*received batches with inputs only. Fix: pass `y`"):
+    with pytest.raises(
+        ValueError,
+        match=r"compiled with loss='sparse_categorical_crossentropy', which needs targets: expected batches of \(x, y\).*received batches with inputs only. Fix: pass `y`",
+    ):
         model.fit(X, verbose=0)
     with pytest.raises(ValueError, match="which needs targets"):
         model.evaluate(tf.data.Dataset.from_tensor_slices(X).batch(8), verbose=0)
@@ -325,8 +341,22 @@ def test_jit_compile_equals_graph_execution(seed):
     val = lambda: dict(x=DATA["x_val"], y=DATA["y_val"], batch_size=16)  # noqa: E731
     fit = lambda: dict(x=X, y=Y, batch_size=16, epochs=3, shuffle=False, validation_data=(DATA["x_val"], DATA["y_val"]))  # noqa: E731
     compile_kwargs = dict(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-    graph = parity.train(functional, custom_fit.CustomModel, seed=seed, compile_kwargs=dict(compile_kwargs, jit_compile=False), fit_args=fit, eval_args=val)
-    xla = parity.train(functional, custom_fit.CustomModel, seed=seed, compile_kwargs=dict(compile_kwargs, jit_compile=True), fit_args=fit, eval_args=val)
+    graph = parity.train(
+        functional,
+        custom_fit.CustomModel,
+        seed=seed,
+        compile_kwargs=dict(compile_kwargs, jit_compile=False),
+        fit_args=fit,
+        eval_args=val,
+    )
+    xla = parity.train(
+        functional,
+        custom_fit.CustomModel,
+        seed=seed,
+        compile_kwargs=dict(compile_kwargs, jit_compile=True),
+        fit_args=fit,
+        eval_args=val,
+    )
     assert xla.model.jit_compile is True
     parity.assert_same(f"jit_compile=True vs False (tol {XLA_TOLERANCE:g})", graph, xla, tolerance=XLA_TOLERANCE)
 
@@ -347,9 +377,15 @@ class HostCallback(custom_fit.CustomModel):
 def test_op_xla_cannot_compile_names_the_fix(method):
     model = HostCallback()
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", jit_compile=True)
-    call = {"fit": lambda: model.fit(X, Y, verbose=0), "evaluate": lambda: model.evaluate(X, Y, verbose=0),
-            "predict": lambda: model.predict(X, verbose=0)}[method]
-    with pytest.raises(ValueError, match=r"XLA cannot compile the step of model .*op PyFuncStateless has no XLA kernel.*Expected every op.*jit_compile=True.*Fix: `model.compile\(..., jit_compile=False\)`"):
+    call = {
+        "fit": lambda: model.fit(X, Y, verbose=0),
+        "evaluate": lambda: model.evaluate(X, Y, verbose=0),
+        "predict": lambda: model.predict(X, verbose=0),
+    }[method]
+    with pytest.raises(
+        ValueError,
+        match=r"XLA cannot compile the step of model .*op PyFuncStateless has no XLA kernel.*Expected every op.*jit_compile=True.*Fix: `model.compile\(..., jit_compile=False\)`",
+    ):
         call()
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", jit_compile=False)
     call()  # the named fix works
@@ -359,6 +395,7 @@ def test_second_optimizer_is_loss_scaled_under_mixed_precision():
     """A float16 gradient of 1e-9 underflows to zero unless the loss is scaled."""
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
+
         class TinyLoss(custom_fit.CustomModel):
             def __init__(self):
                 super().__init__()
@@ -383,7 +420,10 @@ def test_second_optimizer_is_loss_scaled_under_mixed_precision():
         body_before = [np.array(w) for w in model.body.get_weights()]
         model.fit(X, X[:, :1] * 100, batch_size=33, epochs=1, verbose=0)
         wrapper = custom_fit.model._compat.loss_scaled(model, model.head_optimizer)
-        assert isinstance(wrapper, keras.mixed_precision.LossScaleOptimizer) and wrapper.inner_optimizer is model.head_optimizer
+        assert (
+            isinstance(wrapper, keras.mixed_precision.LossScaleOptimizer)
+            and wrapper.inner_optimizer is model.head_optimizer
+        )
         assert int(model.head_optimizer.iterations) == 3
         assert parity.max_delta(body_before, model.body.get_weights()) > 0, "float16 gradients underflowed"
     finally:
@@ -430,7 +470,10 @@ def test_minimize_with_no_variables_warns():
 
     model = functional(Empty)
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
-    with pytest.warns(UserWarning, match=r"minimize\(\) received no variables to update, so nothing is trained. Expected trainable variables"):
+    with pytest.warns(
+        UserWarning,
+        match=r"minimize\(\) received no variables to update, so nothing is trained. Expected trainable variables",
+    ):
         model.fit(X, Y, epochs=1, verbose=0)
 
 
@@ -439,5 +482,8 @@ def test_log_values_needs_compile():
         logged_values = ("d_loss",)
 
     model = functional(Logs)
-    with pytest.raises(ValueError, match=r"log_values\(\) needs a compiled model: expected `compile\(\)` to have created trackers for \['d_loss'\].*Fix: call `model.compile"):
+    with pytest.raises(
+        ValueError,
+        match=r"log_values\(\) needs a compiled model: expected `compile\(\)` to have created trackers for \['d_loss'\].*Fix: call `model.compile",
+    ):
         model.log_values(X, d_loss=1.0)

@@ -38,12 +38,14 @@ def functional():
 
 
 def sequential():
-    return custom_fit.CustomSequential([
-        keras.Input((parity.N_FEATURES,)),
-        keras.layers.Dense(16, activation="relu"),
-        dropout(),
-        keras.layers.Dense(parity.N_CLASSES, activation="softmax"),
-    ])
+    return custom_fit.CustomSequential(
+        [
+            keras.Input((parity.N_FEATURES,)),
+            keras.layers.Dense(16, activation="relu"),
+            dropout(),
+            keras.layers.Dense(parity.N_CLASSES, activation="softmax"),
+        ]
+    )
 
 
 @keras.saving.register_keras_serializable(package="custom_fit_tests")
@@ -65,8 +67,17 @@ BUILDERS = {"functional": functional, "sequential": sequential, "subclassed": la
 
 
 def fit(model, epochs, initial_epoch=0, **kwargs):
-    return model.fit(DATA["x"], DATA["y"], batch_size=16, epochs=epochs, initial_epoch=initial_epoch,
-                     shuffle=False, verbose=0, validation_data=(DATA["x_val"], DATA["y_val"]), **kwargs).history
+    return model.fit(
+        DATA["x"],
+        DATA["y"],
+        batch_size=16,
+        epochs=epochs,
+        initial_epoch=initial_epoch,
+        shuffle=False,
+        verbose=0,
+        validation_data=(DATA["x_val"], DATA["y_val"]),
+        **kwargs,
+    ).history
 
 
 def uninterrupted(build, epochs=4):
@@ -96,7 +107,12 @@ def test_keras_file_round_trip_resumes_exactly(kind, tmp_path):
     assert type(loaded) is type(model)
     assert isinstance(loaded, custom_fit.CustomModel) and _compat.is_compiled(loaded)
     assert int(loaded.optimizer.iterations) == int(model.optimizer.iterations) == 14
-    assert parity.max_delta([v.numpy() for v in model.optimizer.variables], [v.numpy() for v in loaded.optimizer.variables]) == 0.0
+    assert (
+        parity.max_delta(
+            [v.numpy() for v in model.optimizer.variables], [v.numpy() for v in loaded.optimizer.variables]
+        )
+        == 0.0
+    )
     np.testing.assert_array_equal(model.predict(DATA["x_val"], verbose=0), loaded.predict(DATA["x_val"], verbose=0))
 
     resumed_history = fit(loaded, 4, initial_epoch=2)
@@ -129,7 +145,12 @@ def test_weights_file_and_checkpoint_round_trip_optimizer_state(tmp_path):
     restored.optimizer.build(restored.trainable_variables)
     tf.train.Checkpoint(model=restored, optimizer=restored.optimizer).restore(path).assert_consumed()
     assert int(restored.optimizer.iterations) == 7
-    assert parity.max_delta([v.numpy() for v in model.optimizer.variables], [v.numpy() for v in restored.optimizer.variables]) == 0.0
+    assert (
+        parity.max_delta(
+            [v.numpy() for v in model.optimizer.variables], [v.numpy() for v in restored.optimizer.variables]
+        )
+        == 0.0
+    )
     assert parity.max_delta(model.get_weights(), restored.get_weights()) == 0.0
 
 

@@ -24,7 +24,9 @@ class TwoHeads(custom_fit.CustomModel):
     def __init__(self, regularize=False):
         super().__init__()
         reg = keras.regularizers.L2(0.1) if regularize else None
-        self.encoder = keras.Sequential([keras.Input((parity.N_FEATURES,)), keras.layers.Dense(4, kernel_regularizer=reg)], name="encoder")
+        self.encoder = keras.Sequential(
+            [keras.Input((parity.N_FEATURES,)), keras.layers.Dense(4, kernel_regularizer=reg)], name="encoder"
+        )
         self.head = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)], name="head")
         self.built = True
 
@@ -63,7 +65,9 @@ def test_loss_scaling_wraps_every_member():
     try:
         model = TwoHeads()
         model.compile(optimizer={"encoder": "adam", "head": "adam"})
-        assert all(isinstance(model.optimizer[n], keras.mixed_precision.LossScaleOptimizer) for n in ("encoder", "head"))
+        assert all(
+            isinstance(model.optimizer[n], keras.mixed_precision.LossScaleOptimizer) for n in ("encoder", "head")
+        )
         before = [np.array(w) for w in model.get_weights()]
         fit(model, epochs=3)
         for name, part in (("encoder", model.encoder), ("head", model.head)):
@@ -83,7 +87,10 @@ def test_optimizer_name_not_compiled():
 
     model = Typo()
     model.compile(optimizer={"encoder": "adam", "head": "adam"})
-    with pytest.raises(ValueError, match=r"received optimizer='haed'; this model was compiled with named optimizers \['encoder', 'head'\]\. Expected one of those names.*Fix: pass optimizer='encoder', or add 'haed'"):
+    with pytest.raises(
+        ValueError,
+        match=r"received optimizer='haed'; this model was compiled with named optimizers \['encoder', 'head'\]\. Expected one of those names.*Fix: pass optimizer='encoder', or add 'haed'",
+    ):
         fit(model)
 
 
@@ -98,7 +105,10 @@ def test_unused_named_optimizer_warns_once():
 
     model = OnlyHead()
     model.compile(optimizer={"encoder": "adam", "head": "adam"})
-    with pytest.warns(custom_fit.UnusedOptimizerWarning, match=r"compiled with optimizers \['encoder', 'head'\], but its train_step never used \['encoder'\].*Fix: call self.minimize\(..., optimizer='encoder'\)") as caught:
+    with pytest.warns(
+        custom_fit.UnusedOptimizerWarning,
+        match=r"compiled with optimizers \['encoder', 'head'\], but its train_step never used \['encoder'\].*Fix: call self.minimize\(..., optimizer='encoder'\)",
+    ) as caught:
         fit(model, epochs=2)
     assert len([w for w in caught if issubclass(w.category, custom_fit.UnusedOptimizerWarning)]) == 1
 
@@ -115,7 +125,10 @@ def test_variables_updated_by_two_optimizers():
 
     model = Overlap()
     model.compile(optimizer={"first": "adam", "second": "adam"})
-    with pytest.raises(ValueError, match=r"Variables \[.*head.*\] would be updated by two optimizers, 'first' and 'second'\. Expected each variable to belong to one named optimizer\. Fix:"):
+    with pytest.raises(
+        ValueError,
+        match=r"Variables \[.*head.*\] would be updated by two optimizers, 'first' and 'second'\. Expected each variable to belong to one named optimizer\. Fix:",
+    ):
         fit(model)
 
 
@@ -130,14 +143,20 @@ def test_named_optimizer_given_other_variables():
 
     model = Swapped()
     model.compile(optimizer={"encoder": "adam"})
-    with pytest.raises(ValueError, match=r"optimizer='encoder'\) received variables the 'encoder' optimizer does not update.*Fix: pass the same variables every step"):
+    with pytest.raises(
+        ValueError,
+        match=r"optimizer='encoder'\) received variables the 'encoder' optimizer does not update.*Fix: pass the same variables every step",
+    ):
         fit(model)
 
 
 def test_regularization_never_added_warns():
     model = TwoHeads(regularize=True)
     model.compile(optimizer={"encoder": "adam", "head": "adam"})
-    with pytest.warns(custom_fit.UnusedRegularizationWarning, match=r"updated regularized variables of \['encoder'\] without computing their regularization losses.*Fix: .*custom_fit.regularization_loss"):
+    with pytest.warns(
+        custom_fit.UnusedRegularizationWarning,
+        match=r"updated regularized variables of \['encoder'\] without computing their regularization losses.*Fix: .*custom_fit.regularization_loss",
+    ):
         fit(model)
 
 
@@ -161,7 +180,10 @@ def test_regularization_added_does_not_warn():
 
 def test_group_learning_rate_is_per_member():
     group = custom_fit.NamedOptimizers({"a": "adam"})
-    with pytest.raises(ValueError if _compat.KERAS_2 else AttributeError, match=r"one learning rate per member: read or set `model.optimizer\[name\].learning_rate`"):
+    with pytest.raises(
+        ValueError if _compat.KERAS_2 else AttributeError,
+        match=r"one learning rate per member: read or set `model.optimizer\[name\].learning_rate`",
+    ):
         group.learning_rate
     with pytest.raises(KeyError, match=r"No optimizer named 'b': expected one of \['a'\]"):
         group["b"]
@@ -180,7 +202,10 @@ def test_minimize_without_name_on_named_group():
 
     model = NoName()
     model.compile(optimizer={"encoder": "adam", "head": "adam"})
-    with pytest.raises(ValueError, match=r"received optimizer=None; this model was compiled with named optimizers \['encoder', 'head'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"received optimizer=None; this model was compiled with named optimizers \['encoder', 'head'\]",
+    ):
         fit(model)
 
 
@@ -188,5 +213,8 @@ def test_group_rejects_bad_names_and_learning_rate_assignment():
     with pytest.raises(ValueError, match=r"Optimizer names must be non-empty strings, received 3"):
         custom_fit.NamedOptimizers({3: "adam"})
     group = custom_fit.NamedOptimizers({"a": "adam"})
-    with pytest.raises(ValueError if _compat.KERAS_2 else AttributeError, match=r"one learning rate per member: (read or )?set `model.optimizer\[name\].learning_rate`"):
+    with pytest.raises(
+        ValueError if _compat.KERAS_2 else AttributeError,
+        match=r"one learning rate per member: (read or )?set `model.optimizer\[name\].learning_rate`",
+    ):
         group.learning_rate = 0.1

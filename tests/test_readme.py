@@ -44,7 +44,9 @@ def small_functional(base):
     return base(inputs, keras.layers.Dense(1)(hidden))
 
 
-@pytest.mark.parametrize("name", ["CenteredLoss", "TwoOptimizers", "UnconnectedAsZero", "NoisyGradients", "CountUpdates", "MyModel"])
+@pytest.mark.parametrize(
+    "name", ["CenteredLoss", "TwoOptimizers", "UnconnectedAsZero", "NoisyGradients", "CountUpdates", "MyModel"]
+)
 def test_readme_examples_train(name):
     namespace: dict = {}
     exec(compile(EXAMPLES, "README override examples", "exec"), namespace)
@@ -82,6 +84,8 @@ def test_gan_example_trains():
 
     model = Model()
     model.compile(optimizer={"generator": "adam", "discriminator": "adam"})
-    history = model.fit(np.random.default_rng(0).normal(size=(64, 4)).astype("float32"), batch_size=16, epochs=2, verbose=0)
+    history = model.fit(
+        np.random.default_rng(0).normal(size=(64, 4)).astype("float32"), batch_size=16, epochs=2, verbose=0
+    )
     assert sorted(history.history) == ["d_loss", "g_loss"]
     assert int(model.optimizer["generator"].iterations) == int(model.optimizer["discriminator"].iterations) == 8

@@ -261,8 +261,7 @@ def group_learning_rate_error(fix: str) -> ValueError:
     return needs_keras_3(
         "One learning rate for named optimizers (what Keras 2's ReduceLROnPlateau and "
         "LearningRateScheduler read and set as `optimizer.lr`)",
-        f"NamedOptimizers has one learning rate per member: {fix}, e.g. from a callback "
-        "of your own",
+        f"NamedOptimizers has one learning rate per member: {fix}, e.g. from a callback of your own",
     )
 
 

@@ -193,9 +193,7 @@ def track_loss(model: keras.Model, loss, x: Any) -> None:
     """
     tracker = loss_tracker(model)
     if tracker is not None:
-        tracker.update_state(
-            unscale_loss_for_distribution(loss), sample_weight=batch_size_of(x)
-        )
+        tracker.update_state(unscale_loss_for_distribution(loss), sample_weight=batch_size_of(x))
 
 
 # --------------------------------------------------------------------------
@@ -243,9 +241,7 @@ def make_step_function(model: keras.Model, step: Callable) -> Callable:
         return reduce_logs(strategy, strategy.run(step, args=(data,)))
 
     if not model.run_eagerly:
-        one_step_on_data = tf.function(
-            one_step_on_data, reduce_retracing=True, jit_compile=model.jit_compile
-        )
+        one_step_on_data = tf.function(one_step_on_data, reduce_retracing=True, jit_compile=model.jit_compile)
     one_step_on_data = model._autoconvert_optionals(one_step_on_data)
     steps = model.steps_per_execution
 
@@ -338,7 +334,9 @@ def wrap_for_loss_scaling(optimizer, name: str) -> LossScaleOptimizer:
     return LossScaleOptimizer(optimizer, name=name)
 
 
-_loss_scaled_twin = loss_scaling_twins(lambda optimizer: wrap_for_loss_scaling(optimizer, f"{optimizer.name}_loss_scale"))
+_loss_scaled_twin = loss_scaling_twins(
+    lambda optimizer: wrap_for_loss_scaling(optimizer, f"{optimizer.name}_loss_scale")
+)
 
 
 def loss_scaled(model: keras.Model, optimizer):
@@ -502,8 +500,11 @@ class TrainerHooks:
         if iterator is not None:
             for _, _, batches in iterator:
                 data_batch = keras.tree.map_structure(
-                    lambda v: strategy.experimental_local_results(v)[0]
-                    if isinstance(v, tf.distribute.DistributedValues) else v,
+                    lambda v: (
+                        strategy.experimental_local_results(v)[0]
+                        if isinstance(v, tf.distribute.DistributedValues)
+                        else v
+                    ),
                     next(batches),
                 )
                 break
