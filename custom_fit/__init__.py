@@ -7,8 +7,9 @@ read and overridden, and they match ``keras.Model`` bit for bit on CPU.
 
 custom_fit runs on the Keras TensorFlow is configured with: Keras 3 by
 default, Keras 2 (``tf_keras``) when ``TF_USE_LEGACY_KERAS=1`` is set before
-TensorFlow loads Keras. :data:`keras` is that module and :data:`KERAS_VERSION`
-says which it is, so code can run on both with ``from custom_fit import keras``.
+TensorFlow loads Keras. :data:`keras` is that module, :data:`KERAS_2` says
+whether it is Keras 2 and :data:`KERAS_VERSION` names it, so code can run on
+both with ``from custom_fit import keras``.
 
 Example:
     >>> import numpy as np, keras, custom_fit
@@ -18,28 +19,24 @@ Example:
 """
 
 from custom_fit import gan
-from custom_fit._compat import KERAS_VERSION, keras
+from custom_fit._compat import KERAS_2, KERAS_VERSION, keras
 from custom_fit.compiled import CompiledLoss, CompiledMetrics
+from custom_fit.diagnostics import MissingGradientWarning, UnusedOptimizerWarning, UnusedRegularizationWarning
 from custom_fit.gan import GAN
 from custom_fit.losses import batch_mean, regularization_loss
-from custom_fit.model import (
-    CustomModel,
-    CustomSequential,
-    MissingGradientWarning,
-    UnusedOptimizerWarning,
-    UnusedRegularizationWarning,
-)
+from custom_fit.model import CustomModel, CustomSequential
 from custom_fit.optimizers import NamedOptimizers
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "GAN",
+    "KERAS_2",
     "KERAS_VERSION",
     "CompiledLoss",
     "CompiledMetrics",
     "CustomModel",
     "CustomSequential",
-    "GAN",
     "MissingGradientWarning",
     "NamedOptimizers",
     "UnusedOptimizerWarning",

@@ -23,16 +23,35 @@ instead, which do what Keras 2 did:
 The nested ``{"compile_metrics": {...}}`` entry that ``self.metrics`` yields on
 Keras 3 is flattened by ``CustomModel`` before the logs reach callbacks.
 
-On Keras 2 (``TF_USE_LEGACY_KERAS=1``) the two names are Keras' own objects,
-which already mean this, and these classes are not used.
+:class:`CompiledAttributes` puts both on ``CustomModel``. On Keras 2
+(``TF_USE_LEGACY_KERAS=1``) the two names are Keras' own objects, which
+already mean this; the classes here then refuse to be made, with a message
+that says so.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from custom_fit import _compat
 from custom_fit._compat import keras
+
+if not _compat.KERAS_2:  # this module's Keras 3 private names; a Keras 2 process never loads Keras 3
+    from custom_fit._compat import keras3_only
+
+__all__ = ["CompiledAttributes", "CompiledLoss", "CompiledMetrics"]
+
+
+def _keras_3_only(model: Any, name: str, attribute: str) -> None:
+    """Refuses to make ``name`` on Keras 2, where ``model.<attribute>`` is Keras' own."""
+    if _compat.KERAS_2:
+        raise ValueError(
+            f"custom_fit.{name} gives Keras 3 models Keras 2's `model.{attribute}`; this process "
+            f"runs Keras 2 ({_compat.KERAS_VERSION}, TF_USE_LEGACY_KERAS=1), where model "
+            f"'{model.name}' has Keras' own. Expected a Keras 3 model, received a tf_keras one. "
+            f"Fix: use `model.{attribute}` itself."
+        )
 
 
 class CompiledLoss:
@@ -49,6 +68,7 @@ class CompiledLoss:
     """
 
     def __init__(self, model: keras.Model):
+        _keras_3_only(model, "CompiledLoss", "compiled_loss")
         self._model = model
 
     def __call__(
@@ -57,7 +77,7 @@ class CompiledLoss:
         y_pred: Any,
         sample_weight: Any = None,
         regularization_losses: Sequence[Any] | None = None,
-    ):
+    ) -> Any:
         """Returns the total loss and updates the loss trackers.
 
         Args:
@@ -79,11 +99,11 @@ class CompiledLoss:
         """
         model = self._model
         losses = []
-        compiled = _compat.compiled_loss_value(model, y_true, y_pred, sample_weight)
+        compiled = keras3_only.compiled_loss_value(model, y_true, y_pred, sample_weight)
         if compiled is not None:
             losses.append(compiled)
         for loss in regularization_losses or ():
-            losses.append(_compat.aggregate_additional_loss(model, loss))
+            losses.append(keras3_only.aggregate_additional_loss(model, loss))
         if not losses:
             raise ValueError(
                 "`compiled_loss` has nothing to compute: expected a `loss` passed "
@@ -91,7 +111,7 @@ class CompiledLoss:
                 f"neither for model '{model.name}'. Fix: call "
                 "`model.compile(optimizer=..., loss=...)` with a loss."
             )
-        total = _compat.sum_losses(losses)
+        total = keras3_only.sum_losses(losses)
         tracker = _compat.loss_tracker(model)
         if tracker is not None:
             tracker.update_state(
@@ -105,7 +125,7 @@ class CompiledLoss:
         """The loss trackers this object updates (``loss`` and per-output losses)."""
         tracker = _compat.loss_tracker(self._model)
         trackers = [tracker] if tracker is not None else []
-        return trackers + _compat.compiled_loss_trackers(self._model)
+        return trackers + keras3_only.compiled_loss_trackers(self._model)
 
 
 class CompiledMetrics:
@@ -122,6 +142,7 @@ class CompiledMetrics:
     """
 
     def __init__(self, model: keras.Model):
+        _keras_3_only(model, "CompiledMetrics", "compiled_metrics")
         self._model = model
 
     def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
@@ -148,3 +169,21 @@ class CompiledMetrics:
         """The individual compiled metric objects (empty until the first update)."""
         container = _compat.compiled_metrics_container(self._model)
         return list(container.metrics) if container is not None else []
+
+
+class CompiledAttributes:
+    """Gives ``CustomModel`` the Keras-2 ``compiled_loss`` and ``compiled_metrics`` (Keras 3 only).
+
+    Keras 3 keeps both names only as deprecated shims with the wrong meaning;
+    Keras 2 code expects these.
+    """
+
+    @property
+    def compiled_loss(self) -> CompiledLoss:
+        """Keras-2 ``compiled_loss``: see :class:`CompiledLoss`."""
+        return CompiledLoss(self)
+
+    @property
+    def compiled_metrics(self) -> CompiledMetrics:
+        """Keras-2 ``compiled_metrics``: see :class:`CompiledMetrics`."""
+        return CompiledMetrics(self)

@@ -14,14 +14,14 @@ import argparse
 import os
 import statistics
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from tensorflow import keras  # noqa: E402
-import numpy as np  # noqa: E402
+import numpy as np
+from tensorflow import keras
 
-from custom_fit.model import CustomModel  # noqa: E402
+from custom_fit.model import CustomModel
 
 
 def load_digits_split(seed: int, test_fraction: float = 0.2) -> tuple[np.ndarray, ...]:
@@ -58,14 +58,14 @@ def build_cnn(base: type) -> keras.Model:
 class EpochTimer(keras.callbacks.Callback):
     """Wall-clock seconds of each epoch (training and validation)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         self.seconds: list[float] = []
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._start = time.perf_counter()
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self.seconds.append(time.perf_counter() - self._start)
 
 
@@ -97,11 +97,10 @@ def train(base: type, data: tuple[np.ndarray, ...], *, seed: int, epochs: int, b
 
 def report(custom: dict, plain: dict, n_train: int, n_test: int) -> str:
     """The side-by-side text report."""
-    weight_delta = max(
-        float(np.max(np.abs(a - b))) for a, b in zip(custom["model"].get_weights(), plain["model"].get_weights())
-    )
+    pairs = zip(custom["model"].get_weights(), plain["model"].get_weights(), strict=True)
+    weight_delta = max(float(np.max(np.abs(a - b))) for a, b in pairs)
 
-    def later_epochs(run):  # the first epoch also traces and compiles the step
+    def later_epochs(run: dict) -> float:  # the first epoch also traces and compiles the step
         seconds = run["epoch_seconds"][1:] or run["epoch_seconds"]
         return statistics.median(seconds)
 

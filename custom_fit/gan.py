@@ -11,15 +11,18 @@ samples. Override one piece to change it: :meth:`GAN.discriminator_loss`,
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from custom_fit import _compat
+from custom_fit import _compat, optimizers
 from custom_fit._compat import keras
 from custom_fit.losses import batch_mean, regularization_loss
 from custom_fit.model import CustomModel
+
+__all__ = ["GAN", "LOSSES", "GenerateSamples", "image_grid"]
 
 LOSSES = ("bce", "hinge", "wgan-gp")
 
@@ -61,7 +64,7 @@ class GAN(CustomModel):
         (3, 2)
     """
 
-    logged_values = ("d_loss", "g_loss")
+    logged_values: Sequence[str] = ("d_loss", "g_loss")
 
     def __init__(
         self,
@@ -105,25 +108,27 @@ class GAN(CustomModel):
 
     # -- configuration -------------------------------------------------------
 
-    def compile(self, optimizer: Any = None, **kwargs: Any) -> None:
+    def compile(self, optimizer: Any = optimizers.UNSET, *args: Any, **kwargs: Any) -> None:
         """``CustomModel.compile`` with GAN defaults.
 
         Args:
             optimizer: ``{"generator": ..., "discriminator": ...}``; default
                 ``Adam(2e-4, beta_1=0.5)`` for both (``Adam(1e-4, beta_1=0.0,
-                beta_2=0.9)`` for ``"wgan-gp"``).
+                beta_2=0.9)`` for ``"wgan-gp"``). ``None`` means no optimizer,
+                as for every ``CustomModel``: the GAN can then evaluate and
+                generate, but not train.
             **kwargs: As for :meth:`CustomModel.compile`.
         """
-        if optimizer is None:
+        if optimizer is optimizers.UNSET:
             settings = (
                 dict(learning_rate=1e-4, beta_1=0.0, beta_2=0.9)
                 if self.loss_name == "wgan-gp"
                 else dict(learning_rate=2e-4, beta_1=0.5)
             )
             optimizer = {role: keras.optimizers.Adam(**settings) for role in ("generator", "discriminator")}
-        super().compile(optimizer=optimizer, **kwargs)
+        super().compile(optimizer, *args, **kwargs)
 
-    def get_config(self) -> dict:
+    def get_config(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "generator": keras.saving.serialize_keras_object(self.generator),
@@ -137,7 +142,7 @@ class GAN(CustomModel):
         }
 
     @classmethod
-    def from_config(cls, config: dict, custom_objects=None) -> "GAN":
+    def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> GAN:
         config = dict(config)
         for role in ("generator", "discriminator"):
             config[role] = keras.saving.deserialize_keras_object(config[role], custom_objects=custom_objects)
@@ -145,11 +150,11 @@ class GAN(CustomModel):
 
     # -- forward -------------------------------------------------------------
 
-    def call(self, inputs: Any, training: bool = False):
+    def call(self, inputs: Any, training: bool = False) -> Any:
         """Generates samples from noise (``[noise, labels]`` when conditional)."""
         return self.generator(inputs, training=training)
 
-    def sample_noise(self, batch_size: Any, training: bool = True):
+    def sample_noise(self, batch_size: Any, training: bool = True) -> tf.Tensor:
         """Noise for ``batch_size`` samples from the seeded generator (evaluation: its own).
 
         Under ``tf.distribute`` every replica draws the noise of the whole
@@ -165,20 +170,20 @@ class GAN(CustomModel):
         start = context.replica_id_in_sync_group * batch_size
         return noise[start : start + batch_size]
 
-    def _noise_seed(self, training: bool) -> _compat.SeedGenerator:
+    def _noise_seed(self, training: bool) -> Any:
         """The training noise generator, or evaluation's own (validation must not change training)."""
         return self.noise_generator if training else self.eval_noise_generator
 
-    def _generator_inputs(self, noise, labels):
+    def _generator_inputs(self, noise: Any, labels: Any) -> Any:
         return noise if self.num_classes is None else [noise, labels]
 
-    def _discriminate(self, samples, labels, training: bool):
+    def _discriminate(self, samples: Any, labels: Any, training: bool) -> tf.Tensor:
         inputs = samples if self.num_classes is None else [samples, labels]
         return tf.cast(self.discriminator(inputs, training=training), "float32")
 
     # -- losses --------------------------------------------------------------
 
-    def discriminator_loss(self, real_logits, fake_logits):
+    def discriminator_loss(self, real_logits: tf.Tensor, fake_logits: tf.Tensor) -> tf.Tensor:
         """The discriminator's (critic's) loss from its logits on real and generated samples."""
         if self.loss_name == "bce":
             return batch_mean(tf.nn.softplus(-real_logits)) + batch_mean(tf.nn.softplus(fake_logits))
@@ -186,13 +191,13 @@ class GAN(CustomModel):
             return batch_mean(tf.nn.relu(1.0 - real_logits)) + batch_mean(tf.nn.relu(1.0 + fake_logits))
         return batch_mean(fake_logits) - batch_mean(real_logits)
 
-    def generator_loss(self, fake_logits):
+    def generator_loss(self, fake_logits: tf.Tensor) -> tf.Tensor:
         """The generator's loss from the discriminator's logits on generated samples."""
         if self.loss_name == "bce":  # non-saturating: -log(sigmoid(fake))
             return batch_mean(tf.nn.softplus(-fake_logits))
         return -batch_mean(fake_logits)
 
-    def gradient_penalty(self, real, fake, labels, training: bool = True):
+    def gradient_penalty(self, real: Any, fake: Any, labels: Any, training: bool = True) -> tf.Tensor:
         """WGAN-GP penalty: mean of (||d critic / d x|| - 1)^2 at points between real and fake.
 
         Computed with a tape nested inside the discriminator's tape, so the
@@ -210,7 +215,7 @@ class GAN(CustomModel):
 
     # -- steps ---------------------------------------------------------------
 
-    def train_discriminator(self, real, labels=None):
+    def train_discriminator(self, real: Any, labels: Any = None) -> tuple[tf.Tensor, tf.Tensor]:
         """One discriminator update; returns ``(d_loss, gradient_penalty)``."""
         batch_size = tf.shape(real)[0]
         fake = self.generator(self._generator_inputs(self.sample_noise(batch_size), labels), training=True)
@@ -226,7 +231,7 @@ class GAN(CustomModel):
         self.minimize(d_loss, tape, self.discriminator.trainable_weights, optimizer="discriminator")
         return d_loss, penalty
 
-    def train_generator(self, batch_size, labels=None):
+    def train_generator(self, batch_size: Any, labels: Any = None) -> tf.Tensor:
         """One generator update; returns ``g_loss``."""
         with tf.GradientTape() as tape:
             fake = self.generator(self._generator_inputs(self.sample_noise(batch_size), labels), training=True)
@@ -235,7 +240,7 @@ class GAN(CustomModel):
         self.minimize(g_loss, tape, self.generator.trainable_weights, optimizer="generator")
         return g_loss
 
-    def train_step(self, data: Any) -> dict:
+    def train_step(self, data: Any) -> dict[str, Any]:
         """Discriminator update(s), then a generator update; logs epoch means."""
         real, labels = self._unpack_real(data)
         for _ in range(self.discriminator_steps):
@@ -244,7 +249,7 @@ class GAN(CustomModel):
         self._log(real, d_loss, g_loss, penalty)
         return self.get_metrics_result()
 
-    def test_step(self, data: Any) -> dict:
+    def test_step(self, data: Any) -> dict[str, Any]:
         """The same losses on a batch without updates (``val_d_loss``, ``val_g_loss``)."""
         real, labels = self._unpack_real(data)
         noise = self.sample_noise(tf.shape(real)[0], training=False)
@@ -258,13 +263,13 @@ class GAN(CustomModel):
         self._log(real, d_loss, self.generator_loss(fake_logits), penalty)
         return self.get_metrics_result()
 
-    def _log(self, real, d_loss, g_loss, penalty) -> None:
+    def _log(self, real: Any, d_loss: Any, g_loss: Any, penalty: Any) -> None:
         values = dict(d_loss=d_loss, g_loss=g_loss)
         if self.loss_name == "wgan-gp":
             values["gradient_penalty"] = penalty
         self.log_values(real, **values)
 
-    def _unpack_real(self, data):
+    def _unpack_real(self, data: Any) -> tuple[Any, Any]:
         x, y, _ = keras.utils.unpack_x_y_sample_weight(data)
         if self.num_classes is not None and y is None:
             raise ValueError(
@@ -287,10 +292,11 @@ class GAN(CustomModel):
             seed: Seed of the noise.
         """
         noise = _compat.random_normal((n, self.latent_dim), seed)
+        label_tensor = None
         if self.num_classes is not None:
-            labels = np.arange(n) % self.num_classes if labels is None else np.asarray(labels)
-            labels = tf.convert_to_tensor(labels.astype("int32"))
-        return np.asarray(self.generator(self._generator_inputs(noise, labels), training=False))
+            classes = np.arange(n) % self.num_classes if labels is None else np.asarray(labels)
+            label_tensor = tf.convert_to_tensor(classes.astype("int32"))
+        return np.asarray(self.generator(self._generator_inputs(noise, label_tensor), training=False))
 
 
 class GenerateSamples(keras.callbacks.Callback):
@@ -310,7 +316,7 @@ class GenerateSamples(keras.callbacks.Callback):
         self.n, self.labels, self.seed = n, labels, seed
         self.samples: list[np.ndarray] = []
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self.samples.append(self.model.generate(self.n, labels=self.labels, seed=self.seed))
 
 
@@ -326,7 +332,7 @@ def image_grid(images: np.ndarray, columns: int | None = None) -> np.ndarray:
     n, h, w = images.shape[:3]
     columns = columns or int(np.ceil(np.sqrt(n)))
     rows = int(np.ceil(n / columns))
-    grid = np.zeros((rows * h, columns * w) + images.shape[3:], dtype=images.dtype)
+    grid = np.zeros((rows * h, columns * w, *images.shape[3:]), dtype=images.dtype)
     for i, image in enumerate(images):
         r, c = divmod(i, columns)
         grid[r * h : (r + 1) * h, c * w : (c + 1) * w] = image

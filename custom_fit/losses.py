@@ -19,7 +19,7 @@ from custom_fit import _compat
 from custom_fit._compat import keras
 
 
-def batch_mean(values: Any, sample_weight: Any = None):
+def batch_mean(values: Any, sample_weight: Any = None) -> tf.Tensor:
     """Mean of per-sample ``values`` as this replica's share of the global mean.
 
     Without a strategy (one replica) this is ``mean(values * sample_weight)``.
@@ -42,7 +42,7 @@ def batch_mean(values: Any, sample_weight: Any = None):
     return _compat.scale_loss_for_distribution(tf.reduce_mean(values))
 
 
-def regularization_loss(layer: keras.layers.Layer):
+def regularization_loss(layer: keras.layers.Layer) -> tf.Tensor:
     """The sum of ``layer.losses`` (weight and activity penalties), scaled like Keras does.
 
     Keras adds ``model.losses`` to the loss only in ``compute_loss``; a

@@ -15,14 +15,37 @@ Which variables a member updates:
 2. otherwise, when the model has a sub-layer attribute with the member's name
    (``model.generator`` for ``"generator"``), that layer's trainable variables;
 3. otherwise, the variables of the first ``minimize(..., optimizer=name)``.
+
+:func:`resolve` turns what a step passes as ``optimizer=`` into the optimizer
+that applies the update.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping
+from collections.abc import ItemsView, Iterator, KeysView, Mapping, Sequence
+from typing import Any
+
+import tensorflow as tf
 
 from custom_fit import _compat
 from custom_fit._compat import keras
+
+__all__ = ["DEFAULT_OPTIMIZER", "UNSET", "NamedOptimizers", "for_compile", "resolve"]
+
+#: The optimizer ``keras.Model.compile`` uses when it is given none.
+DEFAULT_OPTIMIZER = "rmsprop"
+
+
+class _Unset:
+    """The ``optimizer`` of a ``compile()`` call that passed none (``None`` means "no optimizer")."""
+
+    def __repr__(self) -> str:
+        return f"<keras default: {DEFAULT_OPTIMIZER!r}>"
+
+
+#: Default of ``compile(optimizer=...)``: Keras' default optimizer, unless a
+#: subclass' own ``compile`` calls ``super().compile()`` without one.
+UNSET: Any = _Unset()
 
 
 @keras.saving.register_keras_serializable(package="custom_fit")
@@ -49,6 +72,9 @@ class NamedOptimizers(keras.optimizers.Optimizer):
         (['discriminator', 'generator'], 'SGD')
     """
 
+    #: Marks the group for ``CustomModel``'s compile (Keras 2 must not wrap it for loss scaling).
+    is_optimizer_group = True
+
     def __init__(
         self,
         optimizers: Mapping[str, Any],
@@ -56,7 +82,7 @@ class NamedOptimizers(keras.optimizers.Optimizer):
         name: str = "named_optimizers",
         **kwargs: Any,
     ):
-        super().__init__(name=name, **_compat.optimizer_group_kwargs(), **kwargs)
+        super().__init__(name=name, **_compat.OPTIMIZER_GROUP_KWARGS, **kwargs)
         if not isinstance(optimizers, Mapping) or not optimizers:
             raise ValueError(
                 "NamedOptimizers expected a non-empty dict {name: optimizer}, "
@@ -75,14 +101,11 @@ class NamedOptimizers(keras.optimizers.Optimizer):
         _compat.set_untracked(self, "_owner_of_variable", {})
         _compat.set_untracked(self, "_model_variables", [])
         _compat.set_untracked(self, "_built_on", {})
-        _compat.set_untracked(self, "name_variables", _compat.variable_names_without_model)
-
-    #: Marks the group for ``CustomModel``'s compile (Keras 2 must not wrap it for loss scaling).
-    is_optimizer_group = True
+        _compat.set_untracked(self, "_name_variables", _compat.variable_names_without_model)
 
     # -- mapping ------------------------------------------------------------
 
-    def __getitem__(self, name: str) -> keras.optimizers.Optimizer:
+    def __getitem__(self, name: str) -> Any:
         if name not in self._members:
             raise KeyError(
                 f"No optimizer named {name!r}: expected one of {sorted(self._members)}, "
@@ -99,38 +122,87 @@ class NamedOptimizers(keras.optimizers.Optimizer):
     def __len__(self) -> int:
         return len(self._members)
 
-    def keys(self):
+    def keys(self) -> KeysView[str]:
         return self._members.keys()
 
-    def items(self):
+    def items(self) -> ItemsView[str, Any]:
         return self._members.items()
 
     @property
-    def optimizers(self) -> list:
+    def optimizers(self) -> list[Any]:
         """The member optimizers, in name order of the dict (Keras callbacks use this)."""
         return list(self._members.values())
 
     @property
-    def learning_rate(self):  # type: ignore[override]
+    def learning_rate(self) -> Any:
         raise _compat.group_learning_rate_error("read or set `model.optimizer[name].learning_rate` instead")
 
     @learning_rate.setter
-    def learning_rate(self, value):
+    def learning_rate(self, value: Any) -> None:
         raise _compat.group_learning_rate_error("set `model.optimizer[name].learning_rate` instead")
+
+    # -- compiling ------------------------------------------------------------
+
+    def attach(self, model: Any, *, loss_scaling: bool) -> None:
+        """Prepares the group for ``model.compile``.
+
+        Members named like one of ``model``'s sub-layer attributes update that
+        layer's variables; messages name variables by their path in ``model``;
+        with ``loss_scaling`` (``mixed_float16``) every member is wrapped in a
+        ``LossScaleOptimizer`` (once).
+        """
+        owners = {name: getattr(model, name, None) for name in self._members}
+        _compat.set_untracked(self, "_owners", {k: v for k, v in owners.items() if v is not None})
+        _compat.set_untracked(self, "_name_variables", lambda variables: _compat.variable_names(model, variables))
+        if loss_scaling:
+            for name, optimizer in self._members.items():
+                if not isinstance(optimizer, _compat.LossScaleOptimizer):
+                    self._members[name] = _compat.wrap_for_loss_scaling(optimizer, f"{name}_loss_scale")
+
+    def member_for_step(self, name: str, variables: Sequence[Any], model_variables: Sequence[Any]) -> Any:
+        """Member ``name``, built (outside the traced step) and checked to own ``variables``.
+
+        Called by ``CustomModel.minimize(..., optimizer=name)``.
+
+        Raises:
+            ValueError: ``name`` is not a member, or the member was built on
+                other variables.
+        """
+        if name not in self._members:
+            raise ValueError(
+                f"minimize() received optimizer={name!r}; this model was compiled with named "
+                f"optimizers {sorted(self._members)}. Expected one of those names (or an "
+                f"optimizer instance). Fix: pass optimizer={sorted(self._members)[0]!r}, or add "
+                f"{name!r} to the dict given to compile(optimizer={{...}})."
+            )
+        # Optimizer variables are created outside the traced step (as Keras'
+        # `apply_gradients` does), not lazily inside `tf.function`.
+        with tf.init_scope():
+            if not _compat.optimizer_built(self):
+                self.build(model_variables)
+            known = self.member_variables(name)
+            if not known:
+                self.build_member(name, variables)
+        known_ids = {id(v) for v in known}
+        unknown = self._name_variables([v for v in variables if id(v) not in known_ids]) if known else []
+        if unknown:
+            raise ValueError(
+                f"minimize(..., optimizer={name!r}) received variables the {name!r} "
+                f"optimizer does not update: {unknown}. Expected the variables it "
+                f"was built with ({len(known)} variables, e.g. "
+                f"{self._name_variables(known[:3])}). Fix: pass the "
+                f"same variables every step (e.g. self.{name}.trainable_weights), or "
+                "compile another named optimizer for these variables."
+            )
+        return self._members[name]
+
+    def count_step(self) -> None:
+        """Adds one training step to the group's ``iterations`` (each member counts its own updates)."""
+        self.iterations.assign_add(1)
 
     # -- building -----------------------------------------------------------
 
-    def wrap_for_loss_scaling(self) -> None:
-        """Wraps every member in a ``LossScaleOptimizer`` (``mixed_float16``), once."""
-        for name, optimizer in self._members.items():
-            if not isinstance(optimizer, _compat.LossScaleOptimizer):
-                self._members[name] = _compat.wrap_for_loss_scaling(optimizer, f"{name}_loss_scale")
-
-    def set_owners(self, owners: Mapping[str, Any]) -> None:
-        """Layers whose trainable variables a member updates (``{name: layer}``)."""
-        _compat.set_untracked(self, "_owners", {k: v for k, v in owners.items() if k in self._members})
-
-    def build(self, variables) -> None:
+    def build(self, variables: Sequence[Any]) -> None:
         """Builds every member whose variables are known; records the model's variables."""
         if _compat.optimizer_built(self):
             return
@@ -142,20 +214,19 @@ class NamedOptimizers(keras.optimizers.Optimizer):
         super().build(self._model_variables)
         _compat.mark_built(self)
 
-    def build_member(self, name: str, variables) -> None:
+    def build_member(self, name: str, variables: Sequence[Any]) -> None:
         """Builds member ``name`` on ``variables``; errors if another member owns one of them."""
         variables = list(variables)
-        shared = {}
+        shared: dict[str, list[Any]] = {}
         for v in variables:
             owner = self._owner_of_variable.get(id(v))
             if owner is not None and owner != name:
                 shared.setdefault(owner, []).append(v)
         if shared:
-            other, names = next(iter(shared.items()))
-            names = self.name_variables(names)
+            other, overlap = next(iter(shared.items()))
             raise ValueError(
-                f"Variables {names} would be updated by two optimizers, {other!r} and "
-                f"{name!r}. Expected each variable to belong to one named optimizer. "
+                f"Variables {self._name_variables(overlap)} would be updated by two optimizers, "
+                f"{other!r} and {name!r}. Expected each variable to belong to one named optimizer. "
                 f"Fix: pass disjoint variable lists to minimize(), e.g. "
                 f"self.{other}.trainable_weights and self.{name}.trainable_weights."
             )
@@ -166,21 +237,21 @@ class NamedOptimizers(keras.optimizers.Optimizer):
         if not _compat.optimizer_built(member):
             member.build(variables)
 
-    def _known_variables(self, name: str):
+    def _known_variables(self, name: str) -> list[Any] | None:
         if name in self._assignment and self._model_variables:
             return [self._model_variables[i] for i in self._assignment[name]]
         owner = self._owners.get(name)
         if owner is not None and owner.built:
-            return owner.trainable_variables
+            return list(owner.trainable_variables)
         return None
 
-    def member_variables(self, name: str) -> list:
+    def member_variables(self, name: str) -> list[Any]:
         """The variables member ``name`` was built with (empty before it is built)."""
         return list(self._built_on.get(name, []))
 
     # -- saving -------------------------------------------------------------
 
-    def get_config(self) -> dict:
+    def get_config(self) -> dict[str, Any]:
         assignment = dict(self._assignment)
         positions = {id(v): i for i, v in enumerate(self._model_variables)}
         for name in self._members:
@@ -194,10 +265,73 @@ class NamedOptimizers(keras.optimizers.Optimizer):
         }
 
     @classmethod
-    def from_config(cls, config: dict, custom_objects=None) -> "NamedOptimizers":
+    def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> NamedOptimizers:
         config = dict(config)
         config["optimizers"] = {
             k: keras.saving.deserialize_keras_object(v, custom_objects=custom_objects)
             for k, v in config["optimizers"].items()
         }
         return cls(**config)
+
+
+def for_compile(model: Any, optimizer: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """The optimizer and keyword arguments ``CustomModel.compile`` passes on to Keras.
+
+    A dict of optimizers becomes a :class:`NamedOptimizers` attached to
+    ``model``; under ``mixed_float16`` its members are wrapped for loss
+    scaling, and Keras is told not to wrap the group itself.
+    """
+    if isinstance(optimizer, Mapping):
+        optimizer = NamedOptimizers(optimizer)
+    if isinstance(optimizer, NamedOptimizers):
+        scaled = model.dtype_policy.name == "mixed_float16" and kwargs.get("auto_scale_loss", True)
+        optimizer.attach(model, loss_scaling=scaled)
+        kwargs = {**kwargs, **_compat.GROUP_COMPILE_KWARGS}
+    return optimizer, kwargs
+
+
+def resolve(model: Any, optimizer: Any, variables: Sequence[Any] = ()) -> Any:
+    """The optimizer that applies ``model``'s update for ``minimize(..., optimizer=optimizer)``.
+
+    Args:
+        model: The model whose step calls ``minimize``.
+        optimizer: ``None`` (the compiled optimizer), a name given to
+            ``compile(optimizer={name: ...})``, or an optimizer instance
+            (wrapped for loss scaling under ``mixed_float16``, like the
+            compiled one).
+        variables: The variables to update (checked against a named member).
+
+    Raises:
+        ValueError: ``optimizer`` names no optimizer of ``model``, or ``model``
+            has none.
+    """
+    if isinstance(optimizer, keras.optimizers.Optimizer):
+        return _compat.loss_scaled(model, optimizer)
+    compiled = getattr(model, "optimizer", None)
+    if isinstance(compiled, NamedOptimizers):
+        if isinstance(optimizer, str):
+            return compiled.member_for_step(optimizer, variables, model.trainable_variables)
+        raise ValueError(
+            f"{type(model).__name__}.minimize() received optimizer={optimizer!r}; this model was "
+            f"compiled with named optimizers {sorted(compiled)}. Expected one of those names "
+            f"(or an optimizer instance). Fix: pass optimizer={sorted(compiled)[0]!r}."
+        )
+    if optimizer is None and compiled is not None:
+        return compiled
+    if optimizer is None:
+        raise ValueError(
+            f"{type(model).__name__} '{model.name}' has no optimizer: expected "
+            "`compile(optimizer=...)` to have been called, received a model "
+            "without one. Fix: call `model.compile(optimizer='adam', ...)` "
+            "or pass `optimizer=` an optimizer instance."
+        )
+    compiled_name = type(compiled).__name__ if compiled is not None else "none"
+    if isinstance(optimizer, str):
+        compiled_name += "; name optimizers with compile(optimizer={name: ...})"
+    raise ValueError(
+        f"{type(model).__name__}.minimize() received optimizer={optimizer!r}, "
+        f"which names no optimizer of this model (compiled optimizer: "
+        f"{compiled_name}). Expected `None` for the compiled optimizer or a "
+        "`keras.optimizers.Optimizer` instance. Fix: omit `optimizer=` or "
+        "pass the optimizer object itself."
+    )

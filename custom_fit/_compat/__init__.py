@@ -1,4 +1,4 @@
-"""The only place that knows which Keras runs, and Keras' private names.
+"""The only package that knows which Keras runs, and Keras' private names.
 
 TensorFlow decides what ``tf.keras`` is: Keras 3 (the ``keras`` package) by
 default, Keras 2 (``tf_keras``) when the environment sets
@@ -6,18 +6,115 @@ default, Keras 2 (``tf_keras``) when the environment sets
 follows TensorFlow, so code written against ``tf.keras`` gets a ``CustomModel``
 of the same Keras. Everything that differs between the two lives in
 :mod:`~custom_fit._compat.keras3` and :mod:`~custom_fit._compat.keras2`, which
-define the same names; this package re-exports the one in use, together with
-``keras`` itself (the module custom_fit subclasses) and the TensorFlow-only
-helpers of :mod:`~custom_fit._compat.common`.
+declare the same ``__all__``; this package re-exports the one in use, together
+with the helpers of :mod:`~custom_fit._compat.common` that are the same for
+both. Keras-3-only features import :mod:`~custom_fit._compat.keras3_only`
+themselves.
 
 Nothing in this package is public API.
 """
 
-import tensorflow as tf
+import tensorflow as _tf
 
-from custom_fit._compat.common import *  # noqa: F401,F403
+from custom_fit._compat import common
+from custom_fit._compat.common import (
+    CountingCall,
+    batch_size_of,
+    explain_xla_errors,
+    is_scalar,
+    loss_scaling_twins,
+    record_compile_option,
+    recording,
+    replica_context_with_peers,
+    set_untracked,
+    skippable_aggregation,
+    variable_names_without_model,
+)
 
-if tf.keras.__name__.startswith("tf_keras"):
-    from custom_fit._compat.keras2 import *  # noqa: F401,F403
+#: Whether ``tf.keras`` is Keras 2 (``tf_keras``, ``TF_USE_LEGACY_KERAS=1``) rather than Keras 3.
+KERAS_2: bool = _tf.keras.__name__.startswith("tf_keras")
+
+# Explicit names (no star import) so that readers and type checkers see them;
+# tests/test_compat.py checks that both lists equal the modules' `__all__`.
+if KERAS_2:
+    from custom_fit._compat import keras2 as _selected
+    from custom_fit._compat.keras2 import (
+        CLIPS_AFTER_AGGREGATION,
+        GROUP_COMPILE_KWARGS,
+        KERAS_VERSION,
+        OPTIMIZER_GROUP_KWARGS,
+        STEP_UPDATES_LOSS_TRACKER,
+        Functional,
+        LossScaleOptimizer,
+        SeedGenerator,
+        TrainerHooks,
+        call_accepts_training,
+        check_compile_arguments,
+        compiled_metrics_container,
+        compute_loss_accepts_training,
+        count_regularizer_calls,
+        gradients_already_summed,
+        group_learning_rate_error,
+        has_compiled_loss,
+        is_compiled,
+        is_functional_call,
+        keras,
+        logged_value_entries,
+        loss_scaled,
+        loss_tracker,
+        make_step_function,
+        mark_built,
+        optimizer_built,
+        random_normal,
+        random_uniform,
+        scale_loss,
+        scale_loss_for_distribution,
+        share_registered_name,
+        sum_across_replicas,
+        unscale_gradients,
+        unscale_loss_for_distribution,
+        variable_names,
+        wrap_for_loss_scaling,
+    )
 else:
-    from custom_fit._compat.keras3 import *  # noqa: F401,F403
+    from custom_fit._compat import keras3 as _selected
+    from custom_fit._compat.keras3 import (
+        CLIPS_AFTER_AGGREGATION,
+        GROUP_COMPILE_KWARGS,
+        KERAS_VERSION,
+        OPTIMIZER_GROUP_KWARGS,
+        STEP_UPDATES_LOSS_TRACKER,
+        Functional,
+        LossScaleOptimizer,
+        SeedGenerator,
+        TrainerHooks,
+        call_accepts_training,
+        check_compile_arguments,
+        compiled_metrics_container,
+        compute_loss_accepts_training,
+        count_regularizer_calls,
+        gradients_already_summed,
+        group_learning_rate_error,
+        has_compiled_loss,
+        is_compiled,
+        is_functional_call,
+        keras,
+        logged_value_entries,
+        loss_scaled,
+        loss_tracker,
+        make_step_function,
+        mark_built,
+        optimizer_built,
+        random_normal,
+        random_uniform,
+        scale_loss,
+        scale_loss_for_distribution,
+        share_registered_name,
+        sum_across_replicas,
+        unscale_gradients,
+        unscale_loss_for_distribution,
+        variable_names,
+        wrap_for_loss_scaling,
+    )
+
+__all__ = ["KERAS_2", *common.__all__, *_selected.__all__]

@@ -1,7 +1,7 @@
 """Helpers that are the same on Keras 3 and on Keras 2 (``tf_keras``).
 
-They touch only TensorFlow (and, where named, one private attribute of it);
-the version-specific modules re-export them.
+Most touch only TensorFlow; the few that touch a Keras private name touch one
+that both Kerases spell the same way, and say which.
 """
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from __future__ import annotations
 import contextlib
 import re
 import weakref
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import tensorflow as tf
 
@@ -19,6 +20,7 @@ __all__ = [
     "explain_xla_errors",
     "is_scalar",
     "loss_scaling_twins",
+    "record_compile_option",
     "recording",
     "replica_context_with_peers",
     "set_untracked",
@@ -52,19 +54,27 @@ def set_untracked(obj: Any, name: str, value: Any) -> None:
     object.__setattr__(obj, name, value)
 
 
-def variable_names_without_model(variables) -> list[str]:
+def variable_names_without_model(variables: Any) -> list[str]:
     """Variables' paths (Keras 3) or names (``tf.Variable``), for messages."""
     return [getattr(v, "path", None) or v.name for v in variables]
+
+
+def record_compile_option(model: Any, name: str, value: Any) -> None:
+    """Adds ``name=value`` to the config ``load_model`` passes back to ``compile``.
+
+    Both Kerases keep that config in ``model._compile_config.config``.
+    """
+    model._compile_config.config[name] = value
 
 
 class CountingCall:
     """Wraps a penalty function and counts how often it is computed."""
 
-    def __init__(self, function: Callable):
+    def __init__(self, function: Callable[..., Any]):
         self.function = function
         self.calls = 0
 
-    def __call__(self, *args: Any):
+    def __call__(self, *args: Any) -> Any:
         self.calls += 1
         return self.function(*args)
 
@@ -78,10 +88,10 @@ _XLA_UNSUPPORTED = re.compile(
 )
 
 
-def explain_xla_errors(model, function: Callable) -> Callable:
+def explain_xla_errors(model: Any, function: Callable[..., Any]) -> Callable[..., Any]:
     """Re-raises TensorFlow's "unsupported operations ... XLA" error as one that names the fix."""
 
-    def function_with_clear_xla_errors(*args):
+    def function_with_clear_xla_errors(*args: Any) -> Any:
         try:
             return function(*args)
         except tf.errors.InvalidArgumentError as error:
@@ -120,7 +130,7 @@ def recording(tape: tf.GradientTape) -> Iterator[None]:
             yield
 
 
-def replica_context_with_peers():
+def replica_context_with_peers() -> tf.distribute.ReplicaContext | None:
     """The current replica context if several replicas run in sync, else ``None``."""
     context = tf.distribute.get_replica_context()
     if context is None or context.num_replicas_in_sync <= 1:
@@ -128,7 +138,7 @@ def replica_context_with_peers():
     return context
 
 
-def skippable_aggregation(method: str) -> Callable:
+def skippable_aggregation(method: str) -> Callable[[Any], contextlib.AbstractContextManager[None]]:
     """A context manager factory that makes an optimizer's ``method`` pass gradients through.
 
     Keras optimizers sum gradients across replicas in one method (``method``;
@@ -140,12 +150,12 @@ def skippable_aggregation(method: str) -> Callable:
     """
 
     @contextlib.contextmanager
-    def gradients_already_summed(optimizer) -> Iterator[None]:
+    def gradients_already_summed(optimizer: Any) -> Iterator[None]:
         inner = getattr(optimizer, "inner_optimizer", optimizer)  # LossScaleOptimizer
         if method not in vars(inner):
             keras_sum = getattr(inner, method)
 
-            def sum_unless_summed(grads_and_vars):
+            def sum_unless_summed(grads_and_vars: Any) -> Any:
                 if inner._custom_fit_summed_gradients:
                     return list(grads_and_vars)
                 return keras_sum(grads_and_vars)
@@ -163,9 +173,9 @@ def skippable_aggregation(method: str) -> Callable:
 
 def loss_scaling_twins(wrap: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """``optimizer -> wrap(optimizer)``, made once per optimizer (weakly cached)."""
-    twins: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+    twins: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
-    def twin(optimizer):
+    def twin(optimizer: Any) -> Any:
         if optimizer not in twins:
             twins[optimizer] = wrap(optimizer)
         return twins[optimizer]

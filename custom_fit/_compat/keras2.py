@@ -1,12 +1,11 @@
 """Keras 2 (``tf_keras``, selected by ``TF_USE_LEGACY_KERAS=1``): the private names custom_fit needs.
 
-The same helpers as :mod:`custom_fit._compat.keras3`, with the same names and
-signatures, written against ``tf_keras``. Where Keras 2 does a thing natively
-the helper is a pass-through, and says so:
+The same ``__all__`` as :mod:`custom_fit._compat.keras3`, written against
+``tf_keras``. Where Keras 2 does a thing natively, a flag or the helper says so:
 
 * ``compiled_loss`` / ``compiled_metrics`` are Keras 2's own containers; the
-  compiled loss updates its ``loss`` tracker itself (:func:`track_loss` is a
-  no-op).
+  compiled loss updates its ``loss`` tracker itself
+  (``STEP_UPDATES_LOSS_TRACKER = False``).
 * ``training`` is always passed to ``call`` (Keras 2's ``Layer.__call__``
   accepts it for every layer).
 * Loss scaling is ``get_scaled_loss`` / ``get_unscaled_gradients`` on the
@@ -24,7 +23,8 @@ import functools
 import inspect
 import random
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import tensorflow as tf
 import tf_keras as keras
@@ -43,20 +43,67 @@ from custom_fit._compat.common import (
     variable_names_without_model,
 )
 
-KERAS_2 = True
-KERAS_VERSION: str = f"tf_keras {keras.__version__}"
+__all__ = [
+    "CLIPS_AFTER_AGGREGATION",
+    "GROUP_COMPILE_KWARGS",
+    "KERAS_VERSION",
+    "OPTIMIZER_GROUP_KWARGS",
+    "STEP_UPDATES_LOSS_TRACKER",
+    "Functional",
+    "LossScaleOptimizer",
+    "SeedGenerator",
+    "TrainerHooks",
+    "call_accepts_training",
+    "check_compile_arguments",
+    "compiled_metrics_container",
+    "compute_loss_accepts_training",
+    "count_regularizer_calls",
+    "gradients_already_summed",
+    "group_learning_rate_error",
+    "has_compiled_loss",
+    "is_compiled",
+    "is_functional_call",
+    "keras",
+    "logged_value_entries",
+    "loss_scaled",
+    "loss_tracker",
+    "make_step_function",
+    "mark_built",
+    "optimizer_built",
+    "random_normal",
+    "random_uniform",
+    "scale_loss",
+    "scale_loss_for_distribution",
+    "share_registered_name",
+    "sum_across_replicas",
+    "unscale_gradients",
+    "unscale_loss_for_distribution",
+    "variable_names",
+    "wrap_for_loss_scaling",
+]
 
-#: The class Keras uses for models built from ``(inputs, outputs)``.
-Functional = _functional.Functional
+KERAS_VERSION: str = f"tf_keras {keras.__version__}"
 
 #: Keras 2 optimizers aggregate gradients across replicas before clipping.
 CLIPS_AFTER_AGGREGATION = True
+
+#: Keras 2's compiled loss updates the ``loss`` tracker when called, so the step does not.
+STEP_UPDATES_LOSS_TRACKER = False
+
+#: Base ``Optimizer.__init__`` arguments of an optimizer group (Keras 2's needs none).
+OPTIMIZER_GROUP_KWARGS: dict[str, Any] = {}
+
+#: ``compile()`` arguments for an optimizer group: none (``TrainerHooks._get_optimizer`` skips it).
+GROUP_COMPILE_KWARGS: dict[str, Any] = {}
+
+#: The class Keras uses for models built from ``(inputs, outputs)``.
+Functional = _functional.Functional
 
 #: ``LossScaleOptimizer`` classes of this Keras (V3 wraps the current optimizers).
 LossScaleOptimizer = _lso.BaseLossScaleOptimizer
 
 
-def needs_keras_3(feature: str, fix: str) -> ValueError:
+def _needs_keras_3(feature: str, fix: str) -> ValueError:
     """The error for a feature that exists only on Keras 3."""
     return ValueError(
         f"{feature} needs Keras 3 (keras>=3.0); this process runs Keras 2 "
@@ -66,82 +113,109 @@ def needs_keras_3(feature: str, fix: str) -> ValueError:
 
 
 # --------------------------------------------------------------------------
-# Forward pass, losses and metrics
+# Trainer state
 # --------------------------------------------------------------------------
 
 
-def is_compiled(model) -> bool:
+def is_compiled(model: Any) -> bool:
     """Whether ``compile()`` was called (``Model._is_compiled``)."""
     return bool(getattr(model, "_is_compiled", False))
 
 
-def forward(model, x: Any, training: bool):
-    """``model(x, training=...)``: Keras 2 accepts ``training`` for every ``call``."""
-    return model(x, training=training)
+def call_accepts_training(model: Any) -> bool:
+    """``True``: Keras 2's ``Layer.__call__`` accepts ``training`` for every ``call``."""
+    return True
 
 
-def compute_loss(model, x, y, y_pred, sample_weight, training: bool):
-    """``model.compute_loss``; Keras 2's has no ``training`` argument."""
-    return model.compute_loss(x, y, y_pred, sample_weight)
+def compute_loss_accepts_training(model: Any) -> bool:
+    """``False``: Keras 2's ``compute_loss(x, y, y_pred, sample_weight)`` has no ``training``."""
+    return False
 
 
-def has_compiled_loss(model) -> bool:
+def has_compiled_loss(model: Any) -> bool:
     """Whether ``compile()`` was given a ``loss`` (``LossesContainer._user_losses``)."""
     container = getattr(model, "compiled_loss", None)
     return container is not None and container._user_losses is not None
 
 
-def loss_tracker(model):
+def loss_tracker(model: Any) -> Any:
     """The ``Mean`` named ``"loss"`` (``LossesContainer._total_loss_mean``), if a loss was compiled."""
     return model.compiled_loss._total_loss_mean if has_compiled_loss(model) else None
 
 
-def compiled_metrics_container(model):
+def compiled_metrics_container(model: Any) -> None:
     """``None``: Keras 2's ``model.metrics`` lists the compiled metrics one by one."""
-    return None
+    return
 
 
-def scale_loss_for_distribution(loss):
-    """Multiplies by ``1 / num_replicas`` under ``tf.distribute``, as every Keras loss does."""
-    return _losses_utils.scale_loss_for_distribution(loss)
-
-
-def unscale_loss_for_distribution(loss):
-    """Undoes :func:`scale_loss_for_distribution` (Keras 2 has no helper for it)."""
-    replicas = tf.distribute.get_strategy().num_replicas_in_sync
-    return loss if replicas == 1 else loss * tf.cast(replicas, loss.dtype)
-
-
-def track_loss(model, loss, x: Any) -> None:
-    """Nothing to do: Keras 2's compiled loss updates the ``loss`` tracker when called."""
-    return None
-
-
-class LoggedValues:
-    """One batch-size weighted ``Mean`` per logged value.
+def logged_value_entries(trackers: list[Any]) -> list[Any]:
+    """What one ``Mean`` per logged value adds to ``model.metrics``: each ``Mean``.
 
     Keras 2's callbacks infer "lower is better" from the monitored name
     (anything not ending in ``acc``/``accuracy``), so no direction is stored.
     """
-
-    def __init__(self, names):
-        self.metrics = [keras.metrics.Mean(name=name) for name in names]
-
-    def __getitem__(self, name: str):
-        return next(m for m in self.metrics if m.name == name)
-
-    def __contains__(self, name: object) -> bool:
-        return any(m.name == name for m in self.metrics)
+    return list(trackers)
 
 
-def logged_value_metrics(trackers: LoggedValues) -> list:
-    """The entries :class:`LoggedValues` adds to ``model.metrics``: each ``Mean``."""
-    return list(trackers.metrics)
+def _from_keras_3(obj: Any) -> bool:
+    return type(obj).__module__.split(".")[0] == "keras"
 
 
-def record_compile_option(model, name: str, value: Any) -> None:
-    """Adds ``name=value`` to the config ``load_model`` passes back to ``compile``."""
-    model._compile_config.config[name] = value
+def check_compile_arguments(model: Any, optimizer: Any, kwargs: dict[str, Any]) -> None:
+    """Rejects, with the Keras version they need, ``compile()`` arguments only Keras 3 understands.
+
+    Under ``TF_USE_LEGACY_KERAS=1`` ``import keras`` is still Keras 3, so a
+    Keras 3 optimizer (e.g. one with ``gradient_accumulation_steps``), loss or
+    metric can reach a Keras 2 model; tf_keras would reject it with "Could
+    not interpret optimizer identifier".
+    """
+    members = optimizer.values() if isinstance(optimizer, dict) else [optimizer]
+    for member in members:
+        if _from_keras_3(member):
+            accumulation = getattr(member, "gradient_accumulation_steps", None)
+            feature = (
+                f"An optimizer with gradient_accumulation_steps={accumulation}"
+                if accumulation
+                else f"The Keras 3 optimizer {type(member).__name__}"
+            )
+            raise _needs_keras_3(
+                f"{feature} (received for {type(model).__name__} '{model.name}', a tf_keras model)",
+                f"pass a tf.keras optimizer, e.g. tf.keras.optimizers.{type(member).__name__}()"
+                + (" and accumulate gradients in train_step" if accumulation else ""),
+            )
+    for name in ("loss", "metrics", "weighted_metrics"):
+        for value in tf.nest.flatten(kwargs.get(name)):
+            if value is not None and _from_keras_3(value):
+                raise _needs_keras_3(
+                    f"The Keras 3 object {type(value).__name__} passed as compile({name}=...)",
+                    f"use tf.keras.{'losses' if name == 'loss' else 'metrics'}.{type(value).__name__}",
+                )
+    if "auto_scale_loss" in kwargs:
+        raise _needs_keras_3(
+            "compile(auto_scale_loss=...)",
+            "leave it out (Keras 2 always scales the loss under mixed_float16)",
+        )
+    if kwargs.get("clip_after_aggregation") is False:
+        raise _needs_keras_3(
+            "compile(clip_after_aggregation=False) (clipping each replica's gradient)",
+            "leave clip_after_aggregation out: Keras 2 optimizers clip the summed gradient",
+        )
+
+
+# --------------------------------------------------------------------------
+# Losses
+# --------------------------------------------------------------------------
+
+
+def scale_loss_for_distribution(loss: Any) -> Any:
+    """Multiplies by ``1 / num_replicas`` under ``tf.distribute``, as every Keras loss does."""
+    return _losses_utils.scale_loss_for_distribution(loss)
+
+
+def unscale_loss_for_distribution(loss: Any) -> Any:
+    """Undoes :func:`scale_loss_for_distribution` (Keras 2 has no helper for it)."""
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    return loss if replicas == 1 else loss * tf.cast(replicas, loss.dtype)
 
 
 # --------------------------------------------------------------------------
@@ -149,57 +223,48 @@ def record_compile_option(model, name: str, value: Any) -> None:
 # --------------------------------------------------------------------------
 
 
-def _make_step_function(model, step: Callable, counter) -> Callable:
-    """``Model.make_train_function``'s function in tf_keras 2.21, around ``step``.
+def make_step_function(model: Any, step: Callable[[Any], Any], *, training: bool) -> Callable[[Any], Any]:
+    """``Model.make_train_function``'s (or ``make_test_function``'s) function in tf_keras 2.21.
 
     The same structure and arithmetic (so results are identical): run ``step``
     per replica with ``strategy.run``, count the step, reduce the logs with
     ``model.distribute_reduction_method``, loop ``steps_per_execution`` times
-    inside one ``tf.function``. ``ParameterServerStrategy``'s coordinator is
-    not supported.
+    inside one ``tf.function``. The training function is also kept as
+    ``model.train_tf_function`` (TensorBoard's graph). ``ParameterServerStrategy``'s
+    coordinator is not supported.
     """
+    counter = model._train_counter if training else model._test_counter
 
-    def run_step(data):
+    def run_step(data: Any) -> Any:
         outputs = step(data)
         with tf.control_dependencies(_training._minimum_control_deps(outputs)):
-            counter().assign_add(1)
+            counter.assign_add(1)
         return outputs
 
     if model.jit_compile:
         run_step = tf.function(run_step, jit_compile=True, reduce_retracing=True)
 
-    def one_step(iterator):
+    def one_step(iterator: Any) -> Any:
         outputs = model.distribute_strategy.run(run_step, args=(next(iterator),))
         return _training.reduce_per_replica(
             outputs, model.distribute_strategy, reduction=model.distribute_reduction_method
         )
 
     steps = model._steps_per_execution
-    if steps is None or steps.numpy().item() == 1 and not model.autotune_steps_per_execution:
+    if steps is None or (steps.numpy().item() == 1 and not model.autotune_steps_per_execution):
         function = one_step
     else:
 
-        def function(iterator):
+        def function(iterator: Any) -> Any:
             for _ in tf.range(model._steps_per_execution):
                 outputs = one_step(iterator)
             return outputs
 
     if not model.run_eagerly:
         function = tf.function(function, reduce_retracing=True)
-    return function
-
-
-def make_train_function(model, step: Callable) -> Callable:
-    """The function ``fit`` calls on an iterator (also kept as ``train_tf_function`` for TensorBoard)."""
-    function = _make_step_function(model, step, lambda: model._train_counter)
-    if not model.run_eagerly:
-        model.train_tf_function = function
+        if training:
+            model.train_tf_function = function
     return explain_xla_errors(model, function)
-
-
-def make_test_function(model, step: Callable) -> Callable:
-    """The function ``evaluate`` calls on an iterator."""
-    return explain_xla_errors(model, _make_step_function(model, step, lambda: model._test_counter))
 
 
 # --------------------------------------------------------------------------
@@ -207,26 +272,31 @@ def make_test_function(model, step: Callable) -> Callable:
 # --------------------------------------------------------------------------
 
 
-def optimizer_built(optimizer) -> bool:
+def optimizer_built(optimizer: Any) -> bool:
     """Whether ``optimizer`` has created its slots (``Optimizer._built``)."""
     return bool(getattr(getattr(optimizer, "inner_optimizer", optimizer), "_built", False))
 
 
-def scale_loss(optimizer, loss):
+def mark_built(optimizer: Any) -> None:
+    """Marks an optimizer group as built (Keras 2 subclasses set ``_built`` themselves)."""
+    optimizer._built = True
+
+
+def scale_loss(optimizer: Any, loss: Any) -> Any:
     """The loss multiplied by the loss scale, when ``optimizer`` is a ``LossScaleOptimizer``."""
     if isinstance(optimizer, LossScaleOptimizer):
         return optimizer.get_scaled_loss(loss)
     return loss
 
 
-def unscale_gradients(optimizer, gradients: list) -> list:
+def unscale_gradients(optimizer: Any, gradients: list[Any]) -> list[Any]:
     """Divides gradients by the loss scale, as ``LossScaleOptimizer.compute_gradients`` does."""
     if isinstance(optimizer, LossScaleOptimizer):
         return optimizer.get_unscaled_gradients(gradients)
     return gradients
 
 
-def sum_across_replicas(context, optimizer, grads_and_vars: list) -> list:
+def sum_across_replicas(context: Any, optimizer: Any, grads_and_vars: list[Any]) -> list[Any]:
     """Sums gradients across replicas with the optimizer's own ``aggregate_gradients``."""
     return getattr(optimizer, "inner_optimizer", optimizer).aggregate_gradients(grads_and_vars)
 
@@ -235,7 +305,7 @@ def sum_across_replicas(context, optimizer, grads_and_vars: list) -> list:
 gradients_already_summed = skippable_aggregation("aggregate_gradients")
 
 
-def wrap_for_loss_scaling(optimizer, name: str):
+def wrap_for_loss_scaling(optimizer: Any, name: str) -> Any:
     """``optimizer`` in a dynamic ``LossScaleOptimizer`` (Keras 2 names it after the inner one)."""
     return LossScaleOptimizer(optimizer)
 
@@ -243,7 +313,7 @@ def wrap_for_loss_scaling(optimizer, name: str):
 _loss_scaled_twin = loss_scaling_twins(LossScaleOptimizer)
 
 
-def loss_scaled(model, optimizer):
+def loss_scaled(model: Any, optimizer: Any) -> Any:
     """``optimizer`` wrapped for loss scaling when ``model`` runs in ``mixed_float16`` (once)."""
     if model.dtype_policy.name != "mixed_float16" or isinstance(optimizer, LossScaleOptimizer):
         return optimizer
@@ -258,24 +328,19 @@ def group_learning_rate_error(fix: str) -> ValueError:
     ``ValueError`` (not an ``AttributeError``) so that the callbacks'
     ``hasattr(optimizer, "lr")`` does not replace it with a vaguer message.
     """
-    return needs_keras_3(
+    return _needs_keras_3(
         "One learning rate for named optimizers (what Keras 2's ReduceLROnPlateau and "
         "LearningRateScheduler read and set as `optimizer.lr`)",
         f"NamedOptimizers has one learning rate per member: {fix}, e.g. from a callback of your own",
     )
 
 
-def optimizer_group_kwargs() -> dict:
-    """Arguments for the base ``Optimizer.__init__`` of an optimizer group (no learning rate)."""
-    return {}
+# --------------------------------------------------------------------------
+# Diagnostics
+# --------------------------------------------------------------------------
 
 
-def mark_built(optimizer) -> None:
-    """Marks an optimizer group as built (Keras 2 subclasses set ``_built`` themselves)."""
-    optimizer._built = True
-
-
-def _regularized_variable(loss: Any):
+def _regularized_variable(loss: Any) -> Any:
     """The variable of a weight penalty in ``Layer._callable_losses``, else ``None``.
 
     ``Layer._handle_weight_regularization`` adds
@@ -287,7 +352,15 @@ def _regularized_variable(loss: Any):
     return None
 
 
-def count_regularizer_calls(model) -> dict:
+class _CountingPenalty(CountingCall):
+    """A counted weight penalty of ``_callable_losses``, and the variable it penalizes."""
+
+    def __init__(self, function: Callable[..., Any], variable: Any):
+        super().__init__(function)
+        self.variable = variable
+
+
+def count_regularizer_calls(model: Any) -> dict[int, CountingCall]:
     """``{id(variable): counter}`` for every regularized trainable variable of ``model``.
 
     Keras 2 computes a weight penalty by calling a closure in the layer's
@@ -295,21 +368,21 @@ def count_regularizer_calls(model) -> dict:
     counter (once), keyed by its variable.
     """
     trainable = {id(v) for v in model.trainable_variables}
-    counters = {}
+    counters: dict[int, CountingCall] = {}
     for layer in model._flatten_layers(include_self=True):
         for i, loss in enumerate(layer._callable_losses):
-            if not isinstance(loss, CountingCall):
+            if not isinstance(loss, _CountingPenalty):
                 variable = _regularized_variable(loss)
                 if variable is None:
                     continue
-                loss = layer._callable_losses[i] = CountingCall(loss)
-                loss.variable = variable
+                loss = layer._callable_losses[i] = _CountingPenalty(loss, variable)
             if id(loss.variable) in trainable:
                 counters[id(loss.variable)] = loss
     return counters
 
 
-def variable_names(model, variables) -> list[str]:
+@tf.autograph.experimental.do_not_convert  # plain Python, called while the step is traced
+def variable_names(model: Any, variables: Any) -> list[str]:
     """``layer/.../weight`` paths of ``variables`` inside ``model``, for messages.
 
     A Keras 2 ``tf.Variable``'s name depends on the name scope it was created
@@ -319,16 +392,15 @@ def variable_names(model, variables) -> list[str]:
     if not variables:
         return []
     paths: dict[int, str] = {}
-
-    def walk(layer, prefix: str) -> None:
+    pending = [(model, "")]
+    while pending:
+        layer, prefix = pending.pop()
         for v in layer._trainable_weights + layer._non_trainable_weights:
             paths.setdefault(id(v), prefix + v.name.split(":")[0].split("/")[-1])
-        for child in layer._flatten_layers(include_self=False, recursive=False):
-            walk(child, f"{prefix}{child.name}/")
-
-    walk(model, "")
+        children = layer._flatten_layers(include_self=False, recursive=False)
+        pending.extend((child, f"{prefix}{child.name}/") for child in reversed(list(children)))
     fallback = variable_names_without_model(variables)
-    return [paths.get(id(v), name) for v, name in zip(variables, fallback)]
+    return [paths.get(id(v), name) for v, name in zip(variables, fallback, strict=True)]
 
 
 # --------------------------------------------------------------------------
@@ -364,73 +436,18 @@ class SeedGenerator(keras.layers.Layer):
         return seed
 
 
-def _seed(seed) -> Any:
+def _seed(seed: Any) -> Any:
     return seed.next() if isinstance(seed, SeedGenerator) else tf.constant([int(seed), 0], "int64")
 
 
-def random_normal(shape, seed):
+def random_normal(shape: Any, seed: Any) -> Any:
     """Standard normal numbers; ``seed`` is an ``int`` or a :class:`SeedGenerator`."""
     return tf.random.stateless_normal(shape, seed=_seed(seed))
 
 
-def random_uniform(shape, seed):
+def random_uniform(shape: Any, seed: Any) -> Any:
     """Uniform numbers in ``[0, 1)``; ``seed`` is an ``int`` or a :class:`SeedGenerator`."""
     return tf.random.stateless_uniform(shape, seed=_seed(seed))
-
-
-def seed_generator_states(model) -> list:
-    """``[]``: Keras 2 layers draw random numbers without a saved generator state."""
-    return []
-
-
-def _from_keras_3(obj: Any) -> bool:
-    return type(obj).__module__.split(".")[0] == "keras"
-
-
-def compile_kwargs_for_group(kwargs: dict) -> dict:
-    """``compile()`` arguments for an optimizer group, unchanged (``TrainerHooks._get_optimizer`` skips it)."""
-    return kwargs
-
-
-def check_compile_arguments(model, optimizer: Any, kwargs: dict) -> None:
-    """Rejects, with the Keras version they need, ``compile()`` arguments only Keras 3 understands.
-
-    Under ``TF_USE_LEGACY_KERAS=1`` ``import keras`` is still Keras 3, so a
-    Keras 3 optimizer (e.g. one with ``gradient_accumulation_steps``), loss or
-    metric can reach a Keras 2 model; tf_keras would reject it with "Could
-    not interpret optimizer identifier".
-    """
-    members = optimizer.values() if isinstance(optimizer, dict) else [optimizer]
-    for member in members:
-        if _from_keras_3(member):
-            accumulation = getattr(member, "gradient_accumulation_steps", None)
-            feature = (
-                f"An optimizer with gradient_accumulation_steps={accumulation}"
-                if accumulation
-                else f"The Keras 3 optimizer {type(member).__name__}"
-            )
-            raise needs_keras_3(
-                f"{feature} (received for {type(model).__name__} '{model.name}', a tf_keras model)",
-                f"pass a tf.keras optimizer, e.g. tf.keras.optimizers.{type(member).__name__}()"
-                + (" and accumulate gradients in train_step" if accumulation else ""),
-            )
-    for name in ("loss", "metrics", "weighted_metrics"):
-        for value in tf.nest.flatten(kwargs.get(name)):
-            if value is not None and _from_keras_3(value):
-                raise needs_keras_3(
-                    f"The Keras 3 object {type(value).__name__} passed as compile({name}=...)",
-                    f"use tf.keras.{'losses' if name == 'loss' else 'metrics'}.{type(value).__name__}",
-                )
-    if "auto_scale_loss" in kwargs:
-        raise needs_keras_3(
-            "compile(auto_scale_loss=...)",
-            "leave it out (Keras 2 always scales the loss under mixed_float16)",
-        )
-    if kwargs.get("clip_after_aggregation") is False:
-        raise needs_keras_3(
-            "compile(clip_after_aggregation=False) (clipping each replica's gradient)",
-            "leave clip_after_aggregation out: Keras 2 optimizers clip the summed gradient",
-        )
 
 
 # --------------------------------------------------------------------------
@@ -438,7 +455,7 @@ def check_compile_arguments(model, optimizer: Any, kwargs: dict) -> None:
 # --------------------------------------------------------------------------
 
 
-def is_functional_call(args: tuple, kwargs: dict) -> bool:
+def is_functional_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether constructor arguments mean ``Model(inputs, outputs)`` with symbolic inputs."""
     if not _training.is_functional_model_init_params(args, kwargs):
         return False
@@ -471,9 +488,7 @@ def share_registered_name(twin: type, cls: type) -> None:
 class TrainerHooks:
     """Overrides of private ``tf_keras`` ``Model`` methods; ``CustomModel`` inherits it first."""
 
-    # `compiled_loss` / `compiled_metrics` are Keras 2's own (set by compile()).
-
-    def _assert_compile_was_called(self) -> None:
+    def _assert_compile_was_called(self: Any) -> None:
         # Keras 2's message names neither the method, the model nor the fix.
         if not self._is_compiled:
             method = sys._getframe(1).f_code.co_name  # fit, evaluate, train_on_batch, ...
@@ -484,7 +499,7 @@ class TrainerHooks:
                 f"`model.compile(...)` before `model.{method}()`."
             )
 
-    def get_config(self) -> dict:
+    def get_config(self: Any) -> dict[str, Any]:
         # Keras 2 writes a functional config only when `__init__`'s arguments
         # are literally (inputs, outputs, name, trainable); CustomModel's are
         # (*args, **kwargs) and still rebuild a functional model from it.
@@ -493,11 +508,11 @@ class TrainerHooks:
         if functional and (cls_init.varargs, cls_init.varkw) == ("args", "kwargs"):
             base = {"name": self.name, "trainable": self.trainable}
             return copy.deepcopy(_functional.get_network_config(self, config=base))
-        return super().get_config()
+        return super().get_config()  # type: ignore[misc]
 
-    def _get_optimizer(self, optimizer):
+    def _get_optimizer(self: Any, optimizer: Any) -> Any:
         # Keras 2 wraps every compiled optimizer in a LossScaleOptimizer under
         # mixed_float16; a group of named optimizers wraps its members instead.
         if optimizer is None or getattr(optimizer, "is_optimizer_group", False):
             return optimizer  # None: a subclass compile() that manages its own optimizers
-        return super()._get_optimizer(optimizer)
+        return super()._get_optimizer(optimizer)  # type: ignore[misc]

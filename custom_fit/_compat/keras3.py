@@ -4,46 +4,94 @@ Everything here leans on Keras 3 internals that have no public equivalent.
 Each helper is small, named for what it does, and says which private name it
 touches, so that a Keras upgrade that moves one of them breaks exactly one
 function here instead of the training step. :mod:`custom_fit._compat.keras2`
-has the same names for Keras 2.
+defines the same ``__all__`` for Keras 2; what only Keras-3-only features need
+is in :mod:`custom_fit._compat.keras3_only`.
 
 Nothing in this module is public API.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import keras
 import tensorflow as tf
 from keras.src.backend.tensorflow import trainer as _tf_trainer
 from keras.src.losses import loss as _loss_module
-from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
-from keras.src.trainers import compile_utils as _compile_utils
 from keras.src.models import functional as _functional
 from keras.src.models import model as _model
+from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
 from keras.src.saving import object_registration as _registration
+from keras.src.trainers import compile_utils as _compile_utils
 
 from custom_fit._compat.common import (
     CountingCall,
-    batch_size_of,
     explain_xla_errors,
     loss_scaling_twins,
     skippable_aggregation,
     variable_names_without_model,
 )
 
-KERAS_2 = False
+__all__ = [
+    "CLIPS_AFTER_AGGREGATION",
+    "GROUP_COMPILE_KWARGS",
+    "KERAS_VERSION",
+    "OPTIMIZER_GROUP_KWARGS",
+    "STEP_UPDATES_LOSS_TRACKER",
+    "Functional",
+    "LossScaleOptimizer",
+    "SeedGenerator",
+    "TrainerHooks",
+    "call_accepts_training",
+    "check_compile_arguments",
+    "compiled_metrics_container",
+    "compute_loss_accepts_training",
+    "count_regularizer_calls",
+    "gradients_already_summed",
+    "group_learning_rate_error",
+    "has_compiled_loss",
+    "is_compiled",
+    "is_functional_call",
+    "keras",
+    "logged_value_entries",
+    "loss_scaled",
+    "loss_tracker",
+    "make_step_function",
+    "mark_built",
+    "optimizer_built",
+    "random_normal",
+    "random_uniform",
+    "scale_loss",
+    "scale_loss_for_distribution",
+    "share_registered_name",
+    "sum_across_replicas",
+    "unscale_gradients",
+    "unscale_loss_for_distribution",
+    "variable_names",
+    "wrap_for_loss_scaling",
+]
+
 KERAS_VERSION: str = f"keras {keras.version()}"
 
 #: Keras 3 optimizers clip each replica's gradient, then sum across replicas.
 CLIPS_AFTER_AGGREGATION = False
+
+#: Keras 3's steps add the loss to the ``loss`` tracker themselves (``compute_loss`` does not).
+STEP_UPDATES_LOSS_TRACKER = True
+
+#: Base ``Optimizer.__init__`` arguments of an optimizer group (its own rate is never used).
+OPTIMIZER_GROUP_KWARGS: dict[str, Any] = {"learning_rate": 0.0}
+
+#: ``compile()`` arguments for an optimizer group: Keras must not loss-scale the group itself.
+GROUP_COMPILE_KWARGS: dict[str, Any] = {"auto_scale_loss": False}
 
 #: The class Keras uses for models built from ``(inputs, outputs)``.
 Functional = _functional.Functional
 
 
 # --------------------------------------------------------------------------
-# Forward pass and data
+# Trainer state
 # --------------------------------------------------------------------------
 
 
@@ -53,24 +101,17 @@ def is_compiled(model: keras.Model) -> bool:
 
 
 def call_accepts_training(model: keras.Model) -> bool:
-    """Whether ``model.call`` takes a ``training`` argument (``Layer._call_has_training_arg``)."""
+    """Whether ``model.call`` takes a ``training`` argument (``Layer._call_has_training_arg``).
+
+    Keras' steps call ``model(x)`` when it does not, which leaves sublayers
+    such as ``Dropout`` in their default mode.
+    """
     return bool(model._call_has_training_arg)
 
 
-def forward(model: keras.Model, x: Any, training: bool):
-    """``model(x, training=...)``, passing ``training`` only if ``call`` accepts it.
-
-    Keras' own steps do the same: a ``call`` without ``training`` is invoked
-    as ``model(x)``, which leaves sublayers in their default mode.
-    """
-    if call_accepts_training(model):
-        return model(x, training=training)
-    return model(x)
-
-
-def scale_loss_for_distribution(loss):
-    """Multiplies by ``1 / num_replicas`` under ``tf.distribute``, as every Keras loss does."""
-    return _loss_module.scale_loss_for_distribution(loss)
+def compute_loss_accepts_training(model: keras.Model) -> bool:
+    """Whether ``model.compute_loss`` takes ``training`` (overrides from before Keras 3.3 do not)."""
+    return bool(model._compute_loss_has_training_arg)
 
 
 def has_compiled_loss(model: keras.Model) -> bool:
@@ -78,122 +119,52 @@ def has_compiled_loss(model: keras.Model) -> bool:
     return model._compile_loss is not None
 
 
-# --------------------------------------------------------------------------
-# Losses and metrics created by ``compile()``
-# --------------------------------------------------------------------------
-
-
-def compute_loss(model: keras.Model, x, y, y_pred, sample_weight, training: bool):
-    """Calls ``model.compute_loss``, passing ``training`` only if the override accepts it.
-
-    Mirrors ``Trainer._compute_loss``: user overrides written before Keras 3.3
-    have no ``training`` argument.
-    """
-    if model._compute_loss_has_training_arg:
-        return model.compute_loss(x, y, y_pred, sample_weight, training=training)
-    return model.compute_loss(x, y, y_pred, sample_weight)
-
-
-def compiled_loss_value(model: keras.Model, y, y_pred, sample_weight):
-    """The loss given to ``compile()`` alone (no ``add_loss`` or regularizers).
-
-    Returns ``None`` when no loss was compiled. Updates the per-output loss
-    trackers of multi-output models, as ``Trainer.compute_loss`` does.
-    """
-    if model._compile_loss is None:
-        return None
-    return model._compile_loss(y, y_pred, sample_weight)
-
-
-def sum_losses(losses: list):
-    """The total of several scalar losses, reduced as ``Trainer.compute_loss`` does (bit-identical)."""
-    return losses[0] if len(losses) == 1 else keras.ops.sum(losses)
-
-
-def aggregate_additional_loss(model: keras.Model, loss):
-    """Reduces one ``add_loss``/regularization tensor the way Keras' trainer does.
-
-    (Cast to float, sum, then scale for distribution:
-    ``TensorFlowTrainer._aggregate_additional_loss``.)
-    """
-    return model._aggregate_additional_loss(loss)
-
-
-def compiled_metrics_container(model: keras.Model):
-    """The ``CompileMetrics`` object made by ``compile()`` (or ``None``)."""
-    return model._compile_metrics
-
-
-def compiled_loss_trackers(model: keras.Model) -> list:
-    """Per-output loss trackers of a multi-output compiled loss (may be empty)."""
-    return list(model._compile_loss.metrics) if model._compile_loss is not None else []
-
-
-def loss_tracker(model: keras.Model):
+def loss_tracker(model: keras.Model) -> Any:
     """The ``Mean`` metric named ``"loss"`` that ``compile()`` creates."""
     return model._loss_tracker
 
 
-class LoggedValues(_compile_utils.MetricsList):
-    """One batch-size weighted ``Mean`` per logged value, held in Keras' ``MetricsList``.
+def compiled_metrics_container(model: keras.Model) -> Any:
+    """The ``CompileMetrics`` object made by ``compile()`` (or ``None``)."""
+    return model._compile_metrics
+
+
+def check_compile_arguments(model: keras.Model, optimizer: Any, kwargs: dict[str, Any]) -> None:
+    """Accepts every ``compile()`` argument: all of custom_fit's work on Keras 3."""
+
+
+def logged_value_entries(trackers: list[Any]) -> list[Any]:
+    """What one ``Mean`` per logged value adds to ``model.metrics``: one ``MetricsList``.
 
     ``EarlyStopping``, ``ModelCheckpoint`` and ``ReduceLROnPlateau`` infer
     ``mode`` only for metrics inside a ``MetricsList`` (or the compiled
     metrics) that carry a ``_direction``; names ending in ``loss`` or
     ``penalty`` get ``"down"``, so ``monitor="g_loss"`` needs no ``mode``.
     """
+    for tracker in trackers:
+        if tracker.name.endswith(("loss", "penalty")):
+            tracker._direction = "down"
+    return [_LoggedValuesList(trackers, name="logged_values")]
 
-    def __init__(self, names):
-        trackers = [keras.metrics.Mean(name=name) for name in names]
-        for tracker in trackers:
-            if tracker.name.endswith(("loss", "penalty")):
-                tracker._direction = "down"
-        super().__init__(trackers, name="logged_values")
 
-    def __getitem__(self, name: str):
-        return next(m for m in self.metrics if m.name == name)
-
-    def __contains__(self, name: object) -> bool:
-        return any(m.name == name for m in self.metrics)
-
-    def result(self) -> dict:
+class _LoggedValuesList(_compile_utils.MetricsList):
+    def result(self) -> dict[str, Any]:
         return {m.name: m.result() for m in self.metrics}
 
 
-def logged_value_metrics(trackers: LoggedValues) -> list:
-    """The entries :class:`LoggedValues` adds to ``model.metrics``: the ``MetricsList`` itself."""
-    return [trackers]
+# --------------------------------------------------------------------------
+# Losses
+# --------------------------------------------------------------------------
 
 
-def record_compile_option(model: keras.Model, name: str, value: Any) -> None:
-    """Adds ``name=value`` to the config ``load_model`` passes back to ``compile``."""
-    model._compile_config.config[name] = value
+def scale_loss_for_distribution(loss: Any) -> Any:
+    """Multiplies by ``1 / num_replicas`` under ``tf.distribute``, as every Keras loss does."""
+    return _loss_module.scale_loss_for_distribution(loss)
 
 
-def compile_kwargs_for_group(kwargs: dict) -> dict:
-    """``compile()`` arguments for an optimizer group: Keras must not loss-scale the group itself."""
-    return {**kwargs, "auto_scale_loss": False}
-
-
-def check_compile_arguments(model: keras.Model, optimizer: Any, kwargs: dict) -> None:
-    """Nothing to check: every ``compile()`` argument custom_fit accepts works on Keras 3."""
-
-
-def unscale_loss_for_distribution(loss):
+def unscale_loss_for_distribution(loss: Any) -> Any:
     """Undoes the ``1 / num_replicas`` factor Keras losses apply under ``tf.distribute``."""
     return _loss_module.unscale_loss_for_distribution(loss)
-
-
-def track_loss(model: keras.Model, loss, x: Any) -> None:
-    """Adds one batch's loss to the ``loss`` tracker, as Keras' steps do.
-
-    The tracker sees the loss unscaled for distribution (the global mean, not
-    ``1 / num_replicas`` of it) and weighted by batch size, so the epoch value
-    is the per-sample mean also when the last batch is partial.
-    """
-    tracker = loss_tracker(model)
-    if tracker is not None:
-        tracker.update_state(unscale_loss_for_distribution(loss), sample_weight=batch_size_of(x))
 
 
 # --------------------------------------------------------------------------
@@ -201,24 +172,15 @@ def track_loss(model: keras.Model, loss, x: Any) -> None:
 # --------------------------------------------------------------------------
 
 
-def make_train_function(model: keras.Model, step: Callable) -> Callable:
-    """The function ``fit`` calls on an iterator: :func:`make_step_function`."""
-    return make_step_function(model, step)
-
-
-def make_test_function(model: keras.Model, step: Callable) -> Callable:
-    """The function ``evaluate`` calls on an iterator: :func:`make_step_function`."""
-    return make_step_function(model, step)
-
-
-def make_step_function(model: keras.Model, step: Callable) -> Callable:
-    """Builds the function ``fit``/``evaluate`` call on an iterator, around ``step``.
+def make_step_function(model: keras.Model, step: Callable[[Any], Any], *, training: bool) -> Callable[[Any], Any]:
+    """Builds the function ``fit`` (``training=True``) or ``evaluate`` calls on an iterator.
 
     The same contract as ``TensorFlowTrainer._make_function``: run ``step``
     per replica with ``strategy.run``, reduce the per-replica logs, fuse
     ``model.steps_per_execution`` steps in one ``tf.function`` (XLA-compiled
     when ``model.jit_compile``), return the logs of the last step run or
-    raise ``StopIteration`` when the iterator is exhausted.
+    raise ``StopIteration`` when the iterator is exhausted. Training and
+    evaluation build the same function on Keras 3.
 
     It differs in how the fused loop is built. Keras 3.15 runs each step
     inside a ``tf.cond`` within the ``tf.while_loop``. Under ``tf.distribute``
@@ -237,8 +199,8 @@ def make_step_function(model: keras.Model, step: Callable) -> Callable:
     strategy = model.distribute_strategy
 
     @tf.autograph.experimental.do_not_convert
-    def one_step_on_data(data):
-        return reduce_logs(strategy, strategy.run(step, args=(data,)))
+    def one_step_on_data(data: Any) -> Any:
+        return _reduce_logs(strategy, strategy.run(step, args=(data,)))
 
     if not model.run_eagerly:
         one_step_on_data = tf.function(one_step_on_data, reduce_retracing=True, jit_compile=model.jit_compile)
@@ -246,17 +208,17 @@ def make_step_function(model: keras.Model, step: Callable) -> Callable:
     steps = model.steps_per_execution
 
     @tf.autograph.experimental.do_not_convert
-    def multi_step_on_iterator(iterator):
+    def multi_step_on_iterator(iterator: Any) -> Any:
         if steps == 1:
             return tf.experimental.Optional.from_value(one_step_on_data(iterator.get_next()))
         # The outputs' structure is known only once the body is traced; like
         # Keras, start from an empty Optional whose spec the body fills in.
         no_outputs = tf.experimental.Optional.empty(None)
 
-        def has_batch(i, outputs, batch):
+        def has_batch(i: Any, outputs: Any, batch: Any) -> Any:
             return tf.logical_and(i < steps, batch.has_value())
 
-        def run_step(i, outputs, batch):
+        def run_step(i: Any, outputs: Any, batch: Any) -> Any:
             outputs = tf.experimental.Optional.from_value(one_step_on_data(batch.get_value()))
             no_outputs._element_spec = outputs.element_spec
             batch = tf.cond(i + 1 < steps, iterator.get_next_as_optional, lambda: batch)
@@ -271,21 +233,21 @@ def make_step_function(model: keras.Model, step: Callable) -> Callable:
     if not model.run_eagerly:
         multi_step_on_iterator = tf.function(multi_step_on_iterator, reduce_retracing=True)
 
-    def function(iterator):
+    def function(iterator: Any) -> Any:
         if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
             outputs = multi_step_on_iterator(iterator)
             if not outputs.has_value():
                 raise StopIteration
             return outputs.get_value()
         # `train_on_batch` & co. pass a Python generator of batches.
-        for _, data in zip(range(steps), iterator):
+        for _, data in zip(range(steps), iterator, strict=False):
             logs = one_step_on_data(data)
         return logs
 
     return explain_xla_errors(model, function)
 
 
-def reduce_logs(strategy, logs):
+def _reduce_logs(strategy: tf.distribute.Strategy, logs: Any) -> Any:
     """One value per log entry: the mean over replicas (``reduce_per_replica(..., "auto")``).
 
     Keras 3.15 reduces each log under ``MultiWorkerMirroredStrategy`` with
@@ -299,29 +261,33 @@ def reduce_logs(strategy, logs):
 
 
 # --------------------------------------------------------------------------
-# Distribution and mixed precision
+# Optimizers, distribution and mixed precision
 # --------------------------------------------------------------------------
 
 
-def optimizer_built(optimizer) -> bool:
+def optimizer_built(optimizer: Any) -> bool:
     """Whether ``optimizer`` has created its slots."""
     return bool(optimizer.built)
 
 
-def scale_loss(optimizer, loss):
+def mark_built(optimizer: Any) -> None:
+    """Nothing to mark: Keras 3's ``Optimizer.build`` sets ``built`` itself (Keras 2's does not)."""
+
+
+def scale_loss(optimizer: Any, loss: Any) -> Any:
     """``optimizer.scale_loss(loss)``: multiplied by the loss scale under ``mixed_float16``."""
     return optimizer.scale_loss(loss)
 
 
-def unscale_gradients(optimizer, gradients: list) -> list:
+def unscale_gradients(optimizer: Any, gradients: list[Any]) -> list[Any]:
     """Gradients as they are: Keras 3's ``LossScaleOptimizer`` unscales in ``apply_gradients``."""
     return gradients
 
 
-def sum_across_replicas(context, optimizer, grads_and_vars: list) -> list:
+def sum_across_replicas(context: Any, optimizer: Any, grads_and_vars: list[Any]) -> list[Any]:
     """All-reduces (sums) the gradients of every replica; each replica gets the global sum."""
     summed = context.all_reduce(tf.distribute.ReduceOp.SUM, [g for g, _ in grads_and_vars])
-    return [(g, v) for g, (_, v) in zip(summed, grads_and_vars)]
+    return [(g, v) for g, (_, v) in zip(summed, grads_and_vars, strict=True)]
 
 
 #: ``with gradients_already_summed(optimizer):`` -- ``apply_gradients`` does not sum again
@@ -329,7 +295,7 @@ def sum_across_replicas(context, optimizer, grads_and_vars: list) -> list:
 gradients_already_summed = skippable_aggregation("_all_reduce_sum_gradients")
 
 
-def wrap_for_loss_scaling(optimizer, name: str) -> LossScaleOptimizer:
+def wrap_for_loss_scaling(optimizer: Any, name: str) -> LossScaleOptimizer:
     """``optimizer`` in a dynamic ``LossScaleOptimizer`` named ``name``."""
     return LossScaleOptimizer(optimizer, name=name)
 
@@ -339,7 +305,7 @@ _loss_scaled_twin = loss_scaling_twins(
 )
 
 
-def loss_scaled(model: keras.Model, optimizer):
+def loss_scaled(model: keras.Model, optimizer: Any) -> Any:
     """``optimizer`` wrapped in a ``LossScaleOptimizer`` when ``model`` runs in ``mixed_float16``.
 
     ``compile()`` wraps the compiled optimizer (``auto_scale_loss=True``); an
@@ -355,16 +321,12 @@ def group_learning_rate_error(fix: str) -> AttributeError:
     return AttributeError(f"NamedOptimizers has one learning rate per member: {fix}.")
 
 
-def optimizer_group_kwargs() -> dict:
-    """Arguments for the base ``Optimizer.__init__`` of an optimizer group (its own rate is unused)."""
-    return {"learning_rate": 0.0}
+# --------------------------------------------------------------------------
+# Diagnostics
+# --------------------------------------------------------------------------
 
 
-def mark_built(optimizer) -> None:
-    """Nothing to do: Keras 3's ``Optimizer.build`` sets ``built``."""
-
-
-def count_regularizer_calls(model: keras.Model) -> dict:
+def count_regularizer_calls(model: keras.Model) -> dict[int, CountingCall]:
     """``{id(variable): counter}`` for every regularized trainable variable of ``model``.
 
     Keras 3 computes a weight penalty by calling ``variable.regularizer`` when
@@ -381,8 +343,8 @@ def count_regularizer_calls(model: keras.Model) -> dict:
     return counters
 
 
-def variable_names(model: keras.Model, variables) -> list[str]:
-    """The variables' paths, for messages (Keras 3 variables know their layer)."""
+def variable_names(model: keras.Model, variables: Any) -> list[str]:
+    """The variables' paths, for messages (Keras 3 variables know their layer: ``variable.path``)."""
     return variable_names_without_model(variables)
 
 
@@ -396,29 +358,14 @@ def SeedGenerator(seed: int | None = None, name: str | None = None) -> keras.ran
     return keras.random.SeedGenerator(seed, name=name)
 
 
-def random_normal(shape, seed):
+def random_normal(shape: Any, seed: Any) -> Any:
     """Standard normal numbers; ``seed`` is an ``int`` or a :func:`SeedGenerator`."""
     return keras.random.normal(shape, seed=seed)
 
 
-def random_uniform(shape, seed):
+def random_uniform(shape: Any, seed: Any) -> Any:
     """Uniform numbers in ``[0, 1)``; ``seed`` is an ``int`` or a :func:`SeedGenerator`."""
     return keras.random.uniform(shape, seed=seed)
-
-
-def seed_generator_states(model: keras.Model) -> list:
-    """The state variable of every ``SeedGenerator`` in ``model`` and its layers.
-
-    Keras does not save these (``Layer._seed_generators``) with the weights,
-    so a ``Dropout`` restored from a file draws different masks.
-    """
-    states, seen = [], set()
-    for layer in model._flatten_layers(include_self=True):
-        for generator in layer._seed_generators:
-            if id(generator.state) not in seen:
-                seen.add(id(generator.state))
-                states.append(generator.state)
-    return states
 
 
 # --------------------------------------------------------------------------
@@ -426,7 +373,7 @@ def seed_generator_states(model: keras.Model) -> list:
 # --------------------------------------------------------------------------
 
 
-def is_functional_call(args: tuple, kwargs: dict) -> bool:
+def is_functional_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether constructor arguments mean ``Model(inputs, outputs)``.
 
     Keras' own test (``functional_init_arguments``) only counts arguments; the
@@ -451,30 +398,9 @@ def share_registered_name(twin: type, cls: type) -> None:
 
 
 class TrainerHooks:
-    """Overrides of private ``Trainer`` methods, kept here with the other private names.
+    """Overrides of private ``Trainer`` methods; ``CustomModel`` inherits it before ``keras.Model``."""
 
-    ``CustomModel`` inherits from this mixin before ``keras.Model``.
-    """
-
-    # Keras 3 keeps `compiled_loss` / `compiled_metrics` only as deprecated
-    # shims with the wrong meaning; Keras 2 code expects these (Keras 2 has
-    # its own, so the Keras 2 mixin defines neither).
-
-    @property
-    def compiled_loss(self):
-        """Keras-2 ``compiled_loss``: see :class:`custom_fit.compiled.CompiledLoss`."""
-        from custom_fit.compiled import CompiledLoss  # imports this module
-
-        return CompiledLoss(self)
-
-    @property
-    def compiled_metrics(self):
-        """Keras-2 ``compiled_metrics``: see :class:`custom_fit.compiled.CompiledMetrics`."""
-        from custom_fit.compiled import CompiledMetrics  # imports this module
-
-        return CompiledMetrics(self)
-
-    def _assert_compile_called(self, method_name: str | None = None) -> None:
+    def _assert_compile_called(self: Any, method_name: str | None = None) -> None:
         # Keras' own message does not name the method or the fix (and its
         # ``method_name`` branch is dead code in Keras 3.15).
         if not self.compiled:
@@ -486,7 +412,7 @@ class TrainerHooks:
                 f"`model.compile(...)` before `model.{method}`."
             )
 
-    def _maybe_symbolic_build(self, iterator=None, data_batch=None) -> None:
+    def _maybe_symbolic_build(self: Any, iterator: Any = None, data_batch: Any = None) -> None:
         # Keras builds the model, metrics and optimizer from a first batch when
         # a strategy is set, reducing that batch with `strategy.reduce("MEAN",
         # batch)`. Under MultiWorkerMirroredStrategy that call fails on a

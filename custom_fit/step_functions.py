@@ -1,0 +1,52 @@
+"""How ``fit``, ``evaluate`` and ``predict`` run a ``CustomModel``'s steps.
+
+Keras calls ``model.train_function(iterator)`` once per execution (one or
+``steps_per_execution`` batches). :class:`StepFunctions` builds those
+functions around the model's steps: logs flattened (Keras-2-style steps return
+nested dicts), the training step traced under the model's
+:class:`~custom_fit.diagnostics.StepDiagnostics`, and XLA errors explained.
+The fused, distributed loop itself is :func:`custom_fit._compat.make_step_function`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from custom_fit import _compat
+from custom_fit.logged_values import flat_logs
+from custom_fit.optimizers import NamedOptimizers
+
+__all__ = ["StepFunctions"]
+
+
+class StepFunctions:
+    """Gives ``CustomModel`` the ``make_*_function`` methods Keras' ``fit``/``evaluate``/``predict`` call."""
+
+    def make_train_function(self: Any, force: bool = False) -> Callable[..., Any]:
+        """Builds ``self.train_function`` around ``train_step`` (logs flattened, step checked)."""
+        if self.train_function is None or force:
+            step = flat_logs(self._checked_train_step)
+            self.train_function = _compat.make_step_function(self, step, training=True)
+        return self.train_function
+
+    def make_test_function(self: Any, force: bool = False) -> Callable[..., Any]:
+        """Builds ``self.test_function`` around ``test_step`` (logs flattened)."""
+        if self.test_function is None or force:
+            self.test_function = _compat.make_step_function(self, flat_logs(self.test_step), training=False)
+        return self.test_function
+
+    def make_predict_function(self: Any, force: bool = False) -> Callable[..., Any]:
+        """Builds ``self.predict_function`` around ``predict_step`` (Keras' own loop, XLA errors explained)."""
+        if self.predict_function is None or force:
+            super().make_predict_function(force=True)  # type: ignore[misc]
+            self.predict_function = _compat.explain_xla_errors(self, self.predict_function)
+        return self.predict_function
+
+    def _checked_train_step(self: Any, data: Any) -> Any:
+        """``train_step``, traced under the model's ``StepDiagnostics``; counts steps of named optimizers."""
+        with self._diagnostics.tracing_train_step():
+            logs = self.train_step(data)
+        if isinstance(self.optimizer, NamedOptimizers):
+            self.optimizer.count_step()
+        return logs
