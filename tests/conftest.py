@@ -1,23 +1,27 @@
-"""Shared test setup: quiet TensorFlow, a parity harness, and a parity table in the summary."""
+"""Shared test setup: quiet TensorFlow, Keras-specific deselection, fixtures and the parity table."""
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Iterator
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import pytest  # noqa: E402
+import pytest
 
-from custom_fit import _compat  # noqa: E402
-from tests import parity  # noqa: E402
+import custom_fit
+from custom_fit import keras
+from tests import parity
 
 # Tests of features only one Keras has. The other configuration deselects them
 # (they are counted as "deselected" in the summary, not skipped): `make test`
 # runs the suite once on Keras 3 and once with TF_USE_LEGACY_KERAS=1.
-ONLY = {"keras3": not _compat.KERAS_2, "keras2": _compat.KERAS_2}
+ONLY = {"keras3": not custom_fit.KERAS_2, "keras2": custom_fit.KERAS_2}
 
 
-def pytest_collection_modifyitems(config, items):
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Deselects tests marked for the Keras that is not in use."""
     deselected = [item for item in items if any(not ONLY[m.name] for m in item.iter_markers() if m.name in ONLY)]
     if deselected:
@@ -25,28 +29,48 @@ def pytest_collection_modifyitems(config, items):
         items[:] = [item for item in items if item not in deselected]
 
 
-def pytest_report_header(config):
-    return f"custom_fit runs on {_compat.KERAS_VERSION}"
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"custom_fit runs on {custom_fit.KERAS_VERSION}"
 
 
-def pytest_terminal_summary(terminalreporter):
-    """Prints every parity comparison made in this run (case -> max |delta|)."""
+# The parity table: each process records its comparisons in `parity.RESULTS`;
+# under pytest-xdist the workers send theirs to the controller, which prints it.
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["parity"] = json.dumps(parity.RESULTS)
+
+
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    parity.RESULTS.update(json.loads(node.workeroutput.get("parity", "{}")))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Prints every parity comparison made in this run (case -> max |delta|; "-": not measured)."""
     if not parity.RESULTS:
         return
-    terminalreporter.section(f"parity on {_compat.KERAS_VERSION}: keras reference vs custom_fit (max |delta|)")
+    terminalreporter.section(f"parity on {custom_fit.KERAS_VERSION}: keras reference vs custom_fit (max |delta|)")
     width = max(52, *(len(name) for name in parity.RESULTS))
-    terminalreporter.write_line(
-        f"{'case':<{width}} {'weights':>9} {'history':>9} {'evaluate':>9} {'predict':>9} {'batch logs':>10}"
-    )
+    columns = ("weights", "history", "evaluate", "predict", "batch_logs")
+    terminalreporter.write_line(f"{'case':<{width}} " + " ".join(f"{c.replace('_', ' '):>10}" for c in columns))
     for name, deltas in sorted(parity.RESULTS.items()):
-        terminalreporter.write_line(
-            f"{name:<{width}} "
-            + " ".join(f"{deltas[k]:>9.3g}" for k in ("weights", "history", "evaluate", "predict"))
-            + f" {deltas['batch_logs']:>10.3g}"
-        )
+        cells = ("-" if deltas.get(c) is None else f"{deltas[c]:.3g}" for c in columns)
+        terminalreporter.write_line(f"{name:<{width}} " + " ".join(f"{cell:>10}" for cell in cells))
 
 
 @pytest.fixture
 def seed() -> int:
     """The seed every parity run starts from."""
     return 1234
+
+
+@pytest.fixture
+def mixed_float16() -> Iterator[None]:
+    """Runs the test under the ``mixed_float16`` policy and restores ``float32`` afterwards."""
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy("float32")

@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -67,6 +68,37 @@ class Run:
     model: keras.Model
 
 
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One row of a parity matrix: how to build, compile, fit and evaluate a model.
+
+    ``fit`` and ``evaluate`` are factories, so that each run gets fresh
+    callbacks and datasets; ``compile`` values that are functions (an
+    optimizer factory) are called once per run.
+    """
+
+    build: Callable[[type], keras.Model]
+    fit: Callable[[], dict]
+    compile: dict = dataclasses.field(default_factory=dict)
+    evaluate: Callable[[], dict] | None = None
+    keras3_only: bool = False
+    slow: bool = False
+
+    def train(self, base: type, seed: int) -> Run:
+        """Trains this case on ``base`` from ``seed``."""
+        return train(
+            self.build, base, seed=seed, compile_kwargs=self.compile, fit_args=self.fit, eval_args=self.evaluate
+        )
+
+
+def compare(name: str, case: Case, reference: type, candidate: type, seed: int) -> Run:
+    """Trains ``case`` on ``reference`` and on ``candidate``; requires every quantity to be equal."""
+    expected, got = case.train(reference, seed), case.train(candidate, seed)
+    assert isinstance(got.model, candidate)
+    assert_same(name, expected, got)
+    return got
+
+
 def train(
     build: Callable[[type], keras.Model],
     base: type,
@@ -114,7 +146,7 @@ def max_delta(a: Any, b: Any) -> float:
     if isinstance(a, (list, tuple)) and not isinstance(a, np.ndarray):
         if not isinstance(b, (list, tuple)) or len(a) != len(b):
             return math.inf
-        return max((max_delta(x, y) for x, y in zip(a, b)), default=0.0)
+        return max((max_delta(x, y) for x, y in zip(a, b, strict=True)), default=0.0)
     if isinstance(a, str):
         return 0.0 if a == b else math.inf
     a, b = np.asarray(a, dtype="float64"), np.asarray(b, dtype="float64")
@@ -152,9 +184,9 @@ def assert_same(name: str, reference: Run, candidate: Run, tolerance: float = 0.
 def record(name: str, **deltas: float) -> None:
     """Stores measured max |delta| values for the parity table.
 
-    Quantities not measured print as nan; keys other than ``QUANTITIES`` are ignored.
+    Quantities not measured print as "-"; keys other than ``QUANTITIES`` are ignored.
     """
-    RESULTS[name] = {k: float(deltas.get(k, math.nan)) for k in QUANTITIES}
+    RESULTS[name] = {k: float(deltas[k]) for k in QUANTITIES if k in deltas}
 
 
 class StopAt(keras.callbacks.Callback):

@@ -1,10 +1,11 @@
 """Training runs under ``tf.distribute`` strategies, each group in a process of its own.
 
 A strategy (and the logical devices it needs) can be set up only once per
-process, so the tests start this module as a subprocess::
+process, so the tests start this module as a subprocess, one per group of
+cases (so that pytest-xdist can run the groups side by side)::
 
-    python -m tests.strategy_cases mirrored OUT.json
-    python -m tests.strategy_cases worker INDEX PORT0,PORT1 OUT.json
+    python -m tests.strategy_cases mirrored_parity OUT.json   # also mirrored_fusion,
+    python -m tests.strategy_cases worker INDEX PORT0,PORT1 OUT.json   # _clipping, _gan
 
 and read the measured results (max |delta| between runs, errors raised) from
 ``OUT.json``.
@@ -19,8 +20,8 @@ import traceback
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
 GLOBAL_BATCH = 16
 N_SAMPLES = 96  # six global batches: every batch splits evenly over two replicas
@@ -134,14 +135,19 @@ def attempt(fn):
         return {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()[-3000:]}
 
 
-def mirrored():
+def mirrored_strategy() -> tf.distribute.MirroredStrategy:
+    """``MirroredStrategy`` over two logical CPUs (call once per process, before anything runs)."""
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+
+def mirrored_parity():
+    """CustomModel vs keras.Model under the strategy, and vs one device."""
+    strategy = mirrored_strategy()
+    import custom_fit
     from custom_fit import keras
 
-    import custom_fit
-
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     results = {"replicas": strategy.num_replicas_in_sync}
     for kind in ("base", "sample_weight", "regularizers", "two_outputs"):
         plain = run(keras.Model, kind, strategy)
@@ -150,52 +156,72 @@ def mirrored():
         results[f"custom_vs_keras/{kind}"] = deltas(plain, custom)
         results[f"mirrored_vs_single/{kind}"] = deltas(single, custom)
         results[f"loss/{kind}"] = {"mirrored": custom["history"]["loss"], "single": single["history"]["loss"]}
+    return results
 
-    # steps_per_execution: plain Keras fails, CustomModel equals steps_per_execution=1.
+
+def mirrored_fusion():
+    """steps_per_execution under the strategy: plain Keras 3 fails, CustomModel equals one step."""
+    strategy = mirrored_strategy()
+    import custom_fit
+    from custom_fit import keras
+
+    results = {}
     one = run(custom_fit.CustomModel, "base", strategy)
     for spe in (2, 4):
-        fused = attempt(lambda: run(custom_fit.CustomModel, "base", strategy, steps_per_execution=spe))
+        fused = attempt(lambda spe=spe: run(custom_fit.CustomModel, "base", strategy, steps_per_execution=spe))
         results[f"spe/custom/{spe}"] = deltas(one, fused["ok"]) if "ok" in fused else fused
     plain = attempt(lambda: run(keras.Model, "base", strategy, steps_per_execution=4))
     results["spe/keras/4"] = {"error": plain.get("error", "")} if "error" in plain else {"ok": True}
+    return results
 
-    # Clipping: Keras clips per replica; clip_after_aggregation matches one device.
-    clip = dict(optimizer=None)
-    for name, opt in {
+
+def mirrored_clipping():
+    """Keras 3 clips per replica; clip_after_aggregation matches one device."""
+    strategy = mirrored_strategy()
+    import custom_fit
+    from custom_fit import keras
+    from tests.parity import max_delta
+
+    def with_opt(base, strategy_, options, **extra):
+        kwargs = compile_kwargs("base", **extra)
+        kwargs["optimizer"] = keras.optimizers.SGD(0.5, **options)
+        d = data()
+        keras.utils.set_random_seed(SEED)
+        with strategy_.scope() if strategy_ else tf.distribute.get_strategy().scope():
+            model = build(base, "base")
+            model.compile(**kwargs)
+        model.fit(d["x"], d["y"], batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=0)
+        return [w.tolist() for w in model.get_weights()]
+
+    results = {}
+    clips = {
         "global_clipnorm": dict(global_clipnorm=0.05),
         "clipnorm": dict(clipnorm=0.05),
         "clipvalue": dict(clipvalue=0.01),
-    }.items():
-
-        def with_opt(base, strategy_, **extra):
-            kwargs = compile_kwargs("base", **extra)
-            kwargs["optimizer"] = keras.optimizers.SGD(0.5, **opt)
-            d = data()
-            keras.utils.set_random_seed(SEED)
-            with strategy_.scope() if strategy_ else tf.distribute.get_strategy().scope():
-                model = build(base, "base")
-                model.compile(**kwargs)
-            model.fit(d["x"], d["y"], batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=0)
-            return {"weights": [w.tolist() for w in model.get_weights()]}
-
-        single = with_opt(custom_fit.CustomModel, None)
-        per_replica = with_opt(custom_fit.CustomModel, strategy)
-        aggregated = with_opt(custom_fit.CustomModel, strategy, clip_after_aggregation=True)
-        keras_mirrored = with_opt(keras.Model, strategy)
-        from tests.parity import max_delta
-
+    }
+    for name, options in clips.items():
+        single = with_opt(custom_fit.CustomModel, None, options)
+        per_replica = with_opt(custom_fit.CustomModel, strategy, options)
+        aggregated = with_opt(custom_fit.CustomModel, strategy, options, clip_after_aggregation=True)
+        keras_mirrored = with_opt(keras.Model, strategy, options)
         results[f"clip/{name}"] = {
-            "per_replica_vs_single": max_delta(single["weights"], per_replica["weights"]),
-            "aggregated_vs_single": max_delta(single["weights"], aggregated["weights"]),
-            "keras_vs_custom_default": max_delta(keras_mirrored["weights"], per_replica["weights"]),
+            "per_replica_vs_single": max_delta(single, per_replica),
+            "aggregated_vs_single": max_delta(single, aggregated),
+            "keras_vs_custom_default": max_delta(keras_mirrored, per_replica),
         }
-    del clip
+    return results
 
-    # A GAN (two named optimizers, seeded noise): the strategy vs one device.
+
+def mirrored_gan():
+    """A GAN (two named optimizers, seeded noise, steps_per_execution=2): the strategy vs one device."""
+    strategy = mirrored_strategy()
+    import custom_fit
+    from custom_fit import keras
+    from tests.parity import max_delta
+
     def gan_run(strategy_):
         keras.utils.set_random_seed(SEED)
-        scope = strategy_.scope() if strategy_ else tf.distribute.get_strategy().scope()
-        with scope:
+        with strategy_.scope() if strategy_ else tf.distribute.get_strategy().scope():
             generator = keras.Sequential(
                 [keras.Input((4,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(8)]
             )
@@ -213,17 +239,15 @@ def mirrored():
 
     gan_mirrored = attempt(lambda: gan_run(strategy))
     if "error" in gan_mirrored:
-        results["gan"] = gan_mirrored
-    else:
-        from tests.parity import max_delta
-
-        gan_single = gan_run(None)
-        results["gan"] = {
+        return {"gan": gan_mirrored}
+    gan_single = gan_run(None)
+    return {
+        "gan": {
             "weights": max_delta(gan_single["weights"], gan_mirrored["ok"]["weights"]),
             "history": max_delta(gan_single["history"], gan_mirrored["ok"]["history"]),
             "iterations": gan_mirrored["ok"]["iterations"],
         }
-    return results
+    }
 
 
 def worker(index: int, ports: list[int]):
@@ -235,9 +259,8 @@ def worker(index: int, ports: list[int]):
         }
     )
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    from custom_fit import keras
-
     import custom_fit
+    from custom_fit import keras
 
     d = data()
 
@@ -299,16 +322,23 @@ def single_process_reference():
     }
 
 
+GROUPS = {
+    "mirrored_parity": mirrored_parity,
+    "mirrored_fusion": mirrored_fusion,
+    "mirrored_clipping": mirrored_clipping,
+    "mirrored_gan": mirrored_gan,
+    "single": single_process_reference,
+}
+
+
 def main(argv):
     group, out = argv[0], argv[-1]
-    if group == "mirrored":
-        result = mirrored()
-    elif group == "worker":
+    if group == "worker":
         result = worker(int(argv[1]), [int(p) for p in argv[2].split(",")])
-    elif group == "single":
-        result = single_process_reference()
+    elif group in GROUPS:
+        result = GROUPS[group]()
     else:
-        raise SystemExit(f"unknown group {group!r}; expected mirrored, worker or single")
+        raise SystemExit(f"unknown group {group!r}; expected one of {sorted(GROUPS)} or worker")
     with open(out, "w") as f:
         json.dump(result, f)
 

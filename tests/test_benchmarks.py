@@ -11,12 +11,14 @@ import pytest
 
 from benchmarks import bench
 
+pytestmark = pytest.mark.slow
+
 
 def test_quick_benchmark_writes_valid_results(tmp_path):
     results = bench.main(["--quick", "--out", str(tmp_path)])
     saved = json.loads((tmp_path / f"{bench.STEM}.json").read_text())
     assert saved["quick"] is True and saved["machine"]
-    assert list(tmp_path.glob("throughput*.png"))[0].stat().st_size > 0
+    assert next(iter(tmp_path.glob("throughput*.png"))).stat().st_size > 0
     table = (tmp_path / f"{bench.STEM}.md").read_text()
     for workload, result in saved["workloads"].items():
         assert workload in table

@@ -6,7 +6,11 @@
 
 from __future__ import annotations
 
+import ast
 import collections
+import importlib
+import pathlib
+import re
 
 import keras as keras3
 import numpy as np
@@ -25,8 +29,8 @@ KERAS_3_NEEDED = (
 def test_custom_model_subclasses_the_keras_tensorflow_uses():
     assert issubclass(custom_fit.CustomModel, tf.keras.Model)
     assert issubclass(custom_fit.CustomSequential, tf.keras.Sequential)
-    assert _compat.KERAS_2 == tf.keras.__name__.startswith("tf_keras")
-    assert _compat.KERAS_VERSION.startswith("tf_keras 2." if _compat.KERAS_2 else "keras 3.")
+    assert tf.keras.__name__.startswith("tf_keras") == custom_fit.KERAS_2
+    assert custom_fit.KERAS_VERSION.startswith("tf_keras 2." if custom_fit.KERAS_2 else "keras 3.")
 
 
 def small_model():
@@ -80,14 +84,17 @@ def test_keras3_tensors_are_rejected_before_keras2_rewrites_the_class():
     inputs = keras3.Input((4,))
     with pytest.raises(
         ValueError,
-        match=r"received are Keras 3 tensors \(keras.*KerasTensor, from `import keras`\)\. Expected tensors from tf.keras.Input\(...\)\. Fix:",
+        match=(
+            r"received are Keras 3 tensors \(keras.*KerasTensor, from `import keras`\)\. Expected "
+            r"tensors from tf.keras.Input\(...\)\. Fix:"
+        ),
     ):
         custom_fit.CustomModel(inputs, keras3.layers.Dense(1)(inputs))
     # The class is intact: a subclass with its own __init__ still works.
     model = small_model()
     model.compile(optimizer="sgd", loss="mse")
     model.fit(np.ones((4, 4)), np.ones((4, 1)), verbose=0)
-    assert custom_fit.CustomModel.__bases__ == (_compat.TrainerHooks, keras.Model)
+    assert _compat.Functional not in custom_fit.CustomModel.__bases__
 
 
 @pytest.mark.keras2
@@ -97,22 +104,124 @@ def test_keras2_clips_the_summed_gradient_by_default():
     assert model.clip_after_aggregation is True
 
 
-def test_both_keras_modules_define_every_helper_the_package_uses():
-    """Code outside ``_compat`` may use a helper only if both Keras versions define it."""
-    import importlib
-    import pathlib
-    import re
+PACKAGE = pathlib.Path(custom_fit.__file__).parent
 
-    package = pathlib.Path(custom_fit.__file__).parent
-    used = set()
-    for path in package.glob("*.py"):
-        if path.name != "compiled.py":  # Keras 3 only: Keras 2 has its own compiled_loss/metrics
-            used |= set(re.findall(r"_compat\.(\w+)", path.read_text()))
+
+def module_all(name: str) -> list[str]:
+    """A ``_compat`` module's ``__all__``, read from its source (importing keras2 or keras3 loads that Keras)."""
+    tree = ast.parse((PACKAGE / "_compat" / f"{name}.py").read_text())
+    for node in tree.body:
+        if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.List)):
+            continue
+        if [t.id for t in node.targets if isinstance(t, ast.Name)] == ["__all__"]:
+            return [ast.literal_eval(element) for element in node.value.elts]
+    raise AssertionError(f"custom_fit._compat.{name} has no __all__")
+
+
+def module_level_names(name: str) -> set[str]:
+    tree = ast.parse((PACKAGE / "_compat" / f"{name}.py").read_text())
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+    return names
+
+
+def test_keras_modules_declare_the_same_names():
+    assert module_all("keras2") == module_all("keras3")
+    for version in ("keras2", "keras3", "common", "keras3_only"):
+        missing = set(module_all(version)) - module_level_names(version)
+        assert not missing, f"custom_fit._compat.{version} declares but does not define {sorted(missing)}"
+
+
+def test_compat_exports_exactly_its_declared_names():
+    """No star imports and no leaks: the package's public names are its ``__all__`` (and its submodules)."""
     common = importlib.import_module("custom_fit._compat.common")
-    for version in ("keras3", "keras2"):
-        module = importlib.import_module(f"custom_fit._compat.{version}")
-        missing = sorted(name for name in used if not hasattr(module, name) and name not in common.__all__)
-        assert not missing, f"custom_fit._compat.{version} lacks {missing}"
+    assert _compat.__all__ == ["KERAS_2", *common.__all__, *module_all("keras3")]
+    for name in _compat.__all__:
+        assert hasattr(_compat, name), name
+    public = {name for name in vars(_compat) if not name.startswith("_")}
+    submodules = {"common", "keras2", "keras3", "keras3_only"}
+    assert public - set(_compat.__all__) <= submodules, sorted(public - set(_compat.__all__) - submodules)
+    for path in (PACKAGE / "_compat").glob("*.py"):
+        assert "import *" not in path.read_text(), f"{path.name} star-imports"
+
+
+def test_package_uses_only_declared_compat_names():
+    used = set()
+    for path in PACKAGE.glob("*.py"):
+        used |= set(re.findall(r"_compat\.(\w+)", path.read_text()))
+    assert used - set(_compat.__all__) - {"keras3_only"} == set()
+
+
+def test_keras_private_names_appear_only_in_compat():
+    """``keras.src``/``tf_keras.src`` imports live in ``custom_fit/_compat`` and nowhere else."""
+    for path in PACKAGE.glob("*.py"):
+        assert not re.search(r"\b(keras|tf_keras)\.src\b", path.read_text()), path.name
+
+
+def test_no_import_cycle_between_modules():
+    """Module-level imports between custom_fit's modules form no cycle (a DAG)."""
+    graph: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        module = "custom_fit." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+        module = module.removesuffix(".__init__")
+        imports = set()
+        for node in ast.parse(path.read_text()).body:  # module level only, including `if` blocks
+            for child in ast.walk(node) if isinstance(node, ast.If) else [node]:
+                if isinstance(child, ast.ImportFrom) and child.module and child.module.startswith("custom_fit"):
+                    imports.add(child.module)
+                    imports |= {f"{child.module}.{a.name}" for a in child.names}
+                elif isinstance(child, ast.Import):
+                    imports |= {a.name for a in child.names if a.name.startswith("custom_fit")}
+        graph[module] = imports
+    graph = {m: {i for i in imports if i in graph and i != m} for m, imports in graph.items()}
+    # A package imports its own submodules; that is not a cycle.
+    graph = {m: {i for i in imports if not m.startswith(i + ".")} for m, imports in graph.items()}
+    visiting, done = set(), set()
+
+    def visit(module: str, path: list[str]) -> None:
+        if module in done:
+            return
+        assert module not in visiting, "import cycle: " + " -> ".join([*path, module])
+        visiting.add(module)
+        for imported in sorted(graph[module]):
+            visit(imported, [*path, module])
+        visiting.discard(module)
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])
+
+
+def test_public_names_are_declared():
+    for name in custom_fit.__all__:
+        assert hasattr(custom_fit, name), name
+    assert isinstance(custom_fit.KERAS_2, bool)
+    assert custom_fit.keras.Model is tf.keras.Model  # the module custom_fit subclasses
+
+
+@pytest.mark.keras2
+def test_keras3_only_names_say_so_on_keras2():
+    model = small_model()
+    model.compile(optimizer="sgd", loss="mse")
+    for cls, attribute in (
+        (custom_fit.CompiledLoss, "compiled_loss"),
+        (custom_fit.CompiledMetrics, "compiled_metrics"),
+    ):
+        with pytest.raises(
+            ValueError,
+            match=(
+                rf"custom_fit.{cls.__name__} gives Keras 3 models Keras 2's `model.{attribute}`; this "
+                rf"process runs Keras 2 \(tf_keras .*Fix: use `model.{attribute}` itself"
+            ),
+        ):
+            cls(model)
 
 
 def _op_types(graph) -> collections.Counter:

@@ -86,7 +86,7 @@ def test_plain_keras_reports_the_mean_prediction_as_loss():
         train_step = CustomModel.train_step
 
     with pytest.warns(UserWarning, match="deprecated"):
-        model, history = seed_program(PlainSeedModel)
+        _, history = seed_program(PlainSeedModel)
     _, expected = seed_program(keras.Model)
     assert history["loss"] != pytest.approx(expected["loss"], rel=1e-3)
 
@@ -142,15 +142,9 @@ def targets(n):
 
 
 KERAS2_CASES = {
-    "regularizers + sample_weight": (
+    "regularizers + sample_weight": parity.Case(
         regularized_mlp,
-        dict(
-            optimizer="adam",
-            loss="sparse_categorical_crossentropy",
-            metrics=["accuracy"],
-            weighted_metrics=["accuracy"],
-        ),
-        lambda: dict(
+        fit=lambda: dict(
             x=DATA["x"],
             y=DATA["y"],
             sample_weight=DATA["sample_weight"],
@@ -159,17 +153,17 @@ KERAS2_CASES = {
             shuffle=False,
             validation_data=(DATA["x_val"], DATA["y_val"]),
         ),
-        lambda: dict(x=DATA["x_val"], y=DATA["y_val"], batch_size=16),
-    ),
-    "two outputs, dict losses + loss_weights": (
-        two_outputs,
-        dict(
+        compile=dict(
             optimizer="adam",
-            loss={"cls": "sparse_categorical_crossentropy", "reg": "mse"},
-            loss_weights={"cls": 0.7, "reg": 0.3},
-            metrics={"cls": ["accuracy"], "reg": ["mae"]},
+            loss="sparse_categorical_crossentropy",
+            metrics=["accuracy"],
+            weighted_metrics=["accuracy"],
         ),
-        lambda: dict(
+        evaluate=lambda: dict(x=DATA["x_val"], y=DATA["y_val"], batch_size=16),
+    ),
+    "two outputs, dict losses + loss_weights": parity.Case(
+        two_outputs,
+        fit=lambda: dict(
             x=DATA["x"],
             y=targets(parity.N_TRAIN),
             batch_size=16,
@@ -177,23 +171,23 @@ KERAS2_CASES = {
             shuffle=False,
             validation_data=(DATA["x_val"], targets(parity.N_VAL)),
         ),
-        lambda: dict(x=DATA["x_val"], y=targets(parity.N_VAL), batch_size=16),
+        compile=dict(
+            optimizer="adam",
+            loss={"cls": "sparse_categorical_crossentropy", "reg": "mse"},
+            loss_weights={"cls": 0.7, "reg": 0.3},
+            metrics={"cls": ["accuracy"], "reg": ["mae"]},
+        ),
+        evaluate=lambda: dict(x=DATA["x_val"], y=targets(parity.N_VAL), batch_size=16),
     ),
 }
 
 
-@pytest.mark.parametrize("case", list(KERAS2_CASES))
-def test_keras2_step_matches_keras_model(case):
-    build, compile_kwargs, fit_args, eval_args = KERAS2_CASES[case]
-    reference = parity.train(
-        build, keras.Model, seed=SEED, compile_kwargs=compile_kwargs, fit_args=fit_args, eval_args=eval_args
-    )
-    candidate = parity.train(
-        build, Keras2Step, seed=SEED, compile_kwargs=compile_kwargs, fit_args=fit_args, eval_args=eval_args
-    )
-    parity.assert_same(f"Keras-2 step: {case}", reference, candidate)
-    for logs in (candidate.history, *[entry[2] for entry in candidate.batch_logs]):
-        assert all(isinstance(v, (float, list)) for v in logs.values()), "logs must be flat scalars"
+@pytest.mark.parametrize("name", list(KERAS2_CASES))
+def test_keras2_step_matches_keras_model(name):
+    candidate = parity.compare(f"Keras-2 step: {name}", KERAS2_CASES[name], keras.Model, Keras2Step, SEED)
+    logs: list[dict] = [candidate.history, *[entry[2] for entry in candidate.batch_logs]]
+    for values in logs:
+        assert all(isinstance(v, (float, list)) for v in values.values()), "logs must be flat scalars"
 
 
 def test_regularization_is_counted_once():

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from custom_fit import demo
 
 
@@ -19,6 +21,7 @@ def test_demo_trains_both_models_identically(capsys):
     assert len(custom["epoch_seconds"]) == 2
 
 
+@pytest.mark.slow
 def test_demo_entry_point_shows_progress_bar():
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     completed = subprocess.run(

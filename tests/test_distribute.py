@@ -1,7 +1,9 @@
 """tf.distribute: MirroredStrategy on two logical CPUs and two MultiWorkerMirroredStrategy workers.
 
-Each strategy runs in a subprocess of its own (``tests/strategy_cases.py``);
-these tests assert on the results it measured.
+Each group of cases runs in a subprocess of its own (``tests/strategy_cases.py``);
+these tests assert on the results it measured. A group's tests share one
+``xdist_group``, so under pytest-xdist the subprocess runs once, and the
+groups run side by side.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ import sys
 
 import pytest
 
-from custom_fit import _compat
+import custom_fit
 from tests import parity
+
+pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KINDS = ["base", "sample_weight", "regularizers", "two_outputs"]
@@ -42,74 +46,95 @@ def run_group(directory, *args, timeout=600):
         return json.load(f)
 
 
-@pytest.fixture(scope="module")
-def mirrored(tmp_path_factory):
-    return run_group(tmp_path_factory.mktemp("mirrored"), "mirrored")
+def group_fixture(group: str):
+    """A fixture that runs ``group`` once and returns what it measured.
+
+    Session-scoped: pytest would tear a module-scoped one down (and run the
+    group again) whenever a worker runs another module's test in between.
+    """
+
+    @pytest.fixture(scope="session", name=group)
+    def results(tmp_path_factory):
+        return run_group(tmp_path_factory.mktemp(group), group)
+
+    return results
 
 
+mirrored_parity = group_fixture("mirrored_parity")
+mirrored_fusion = group_fixture("mirrored_fusion")
+mirrored_clipping = group_fixture("mirrored_clipping")
+mirrored_gan = group_fixture("mirrored_gan")
+
+
+@pytest.mark.xdist_group("mirrored_parity")
 @pytest.mark.parametrize("kind", KINDS)
-def test_mirrored_custom_model_equals_keras_model(mirrored, kind):
-    deltas = mirrored[f"custom_vs_keras/{kind}"]
+def test_mirrored_custom_model_equals_keras_model(mirrored_parity, kind):
+    deltas = mirrored_parity[f"custom_vs_keras/{kind}"]
     parity.record(f"Mirrored x2: CustomModel vs keras.Model, {kind}", **deltas)
     assert deltas == {"weights": 0.0, "history": 0.0, "evaluate": 0.0, "predict": 0.0}
 
 
+@pytest.mark.xdist_group("mirrored_parity")
 @pytest.mark.parametrize("kind", KINDS)
-def test_mirrored_equals_single_device(mirrored, kind):
-    deltas = mirrored[f"mirrored_vs_single/{kind}"]
+def test_mirrored_equals_single_device(mirrored_parity, kind):
+    deltas = mirrored_parity[f"mirrored_vs_single/{kind}"]
     parity.record(f"Mirrored x2 vs 1 device (tol {SINGLE_DEVICE_TOLERANCE:g}), {kind}", **deltas)
-    assert mirrored["replicas"] == 2
+    assert mirrored_parity["replicas"] == 2
     assert max(deltas.values()) <= SINGLE_DEVICE_TOLERANCE, deltas
 
 
+@pytest.mark.xdist_group("mirrored_parity")
 @pytest.mark.parametrize("kind", KINDS)
-def test_logged_loss_is_the_global_mean(mirrored, kind):
+def test_logged_loss_is_the_global_mean(mirrored_parity, kind):
     """Not halved: the per-replica loss is unscaled before it is logged."""
-    losses = mirrored[f"loss/{kind}"]
+    losses = mirrored_parity[f"loss/{kind}"]
     assert losses["mirrored"] == pytest.approx(losses["single"], rel=1e-5)
 
 
+@pytest.mark.xdist_group("mirrored_fusion")
 @pytest.mark.parametrize("steps", [2, 4])
-def test_mirrored_steps_per_execution_equals_one_step(mirrored, steps):
-    deltas = mirrored[f"spe/custom/{steps}"]
+def test_mirrored_steps_per_execution_equals_one_step(mirrored_fusion, steps):
+    deltas = mirrored_fusion[f"spe/custom/{steps}"]
     assert "error" not in deltas, deltas.get("traceback")
     parity.record(f"Mirrored x2: steps_per_execution={steps} vs 1 (fit/evaluate/predict)", **deltas)
     assert deltas == {"weights": 0.0, "history": 0.0, "evaluate": 0.0, "predict": 0.0}
 
 
 @pytest.mark.keras3
+@pytest.mark.xdist_group("mirrored_fusion")
 @pytest.mark.xfail(
-    strict=False,
-    reason="Keras 3.15 upstream bug keras-team/keras#19246: keras.Model.fit under "
-    "MirroredStrategy with steps_per_execution > 1 fails; an XPASS means upstream fixed it and "
-    "custom_fit's own fused loop could be retired",
+    strict=True,
+    reason="upstream bug keras-team/keras#19246: keras.Model.fit under MirroredStrategy "
+    "with steps_per_execution > 1 fails; an XPASS fails the suite, the sign that upstream fixed it "
+    "and custom_fit's own fused loop could be retired",
 )
-def test_plain_keras_mirrored_steps_per_execution(mirrored):
-    result = mirrored["spe/keras/4"]
+def test_plain_keras_mirrored_steps_per_execution(mirrored_fusion):
+    result = mirrored_fusion["spe/keras/4"]
     assert "error" not in result, result["error"][:300]
 
 
 @pytest.mark.keras3
-def test_plain_keras_failure_is_the_known_placeholder_error(mirrored):
-    result = mirrored["spe/keras/4"]
-    if "error" in result:
-        assert "while/cond/Placeholder" in result["error"]
+@pytest.mark.xdist_group("mirrored_fusion")
+def test_plain_keras_failure_is_the_known_placeholder_error(mirrored_fusion):
+    assert "while/cond/Placeholder" in mirrored_fusion["spe/keras/4"]["error"]
 
 
 @pytest.mark.keras2
-def test_plain_tf_keras_mirrored_steps_per_execution_works(mirrored):
+@pytest.mark.xdist_group("mirrored_fusion")
+def test_plain_tf_keras_mirrored_steps_per_execution_works(mirrored_fusion):
     """tf_keras' own fused loop has no `tf.cond` around the step, so it trains under MirroredStrategy."""
-    assert mirrored["spe/keras/4"] == {"ok": True}
+    assert mirrored_fusion["spe/keras/4"] == {"ok": True}
 
 
+@pytest.mark.xdist_group("mirrored_clipping")
 @pytest.mark.parametrize("clip", ["global_clipnorm", "clipnorm", "clipvalue"])
-def test_clip_after_aggregation_matches_one_device(mirrored, clip):
-    result = mirrored[f"clip/{clip}"]
-    default = "Keras 3 clips per replica" if not _compat.KERAS_2 else "Keras 2 clips the summed gradient"
+def test_clip_after_aggregation_matches_one_device(mirrored_clipping, clip):
+    result = mirrored_clipping[f"clip/{clip}"]
+    default = "Keras 3 clips per replica" if not custom_fit.KERAS_2 else "Keras 2 clips the summed gradient"
     parity.record(f"Mirrored x2 {clip}: default ({default}) vs 1 device", weights=result["per_replica_vs_single"])
     parity.record(f"Mirrored x2 {clip}: clip_after_aggregation vs 1 device", weights=result["aggregated_vs_single"])
     assert result["keras_vs_custom_default"] == 0.0, "default must clip exactly like Keras"
-    if _compat.KERAS_2:
+    if custom_fit.KERAS_2:
         assert result["per_replica_vs_single"] <= SINGLE_DEVICE_TOLERANCE, "Keras 2 sums, then clips"
     else:
         assert result["per_replica_vs_single"] > 1e-3, "Keras' per-replica clipping should differ from one device"
@@ -126,8 +151,8 @@ def free_ports(n):
     return ports
 
 
-@pytest.fixture(scope="module")
-def two_workers(tmp_path_factory):
+@pytest.fixture(scope="session")
+def two_workers(tmp_path_factory):  # used by the tests of xdist_group "multi_worker" only
     ports = ",".join(map(str, free_ports(2)))
     out = tmp_path_factory.mktemp("workers")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
@@ -147,12 +172,13 @@ def two_workers(tmp_path_factory):
     finally:
         for w in workers:
             w.kill()
-    for w, (_, err) in zip(workers, outputs):
+    for w, (_, err) in zip(workers, outputs, strict=True):
         assert w.returncode == 0, err[-4000:]
     results = [json.loads((out / f"w{i}.json").read_text()) for i in range(2)]
     return results, run_group(out, "single")
 
 
+@pytest.mark.xdist_group("multi_worker")
 def test_two_workers_train_identically(two_workers):
     (w0, w1), _ = two_workers
     assert w0["workers"] == w1["workers"] == 2 and w0["replicas"] == 2
@@ -161,6 +187,7 @@ def test_two_workers_train_identically(two_workers):
     assert w0["evaluate"] == w1["evaluate"]
 
 
+@pytest.mark.xdist_group("multi_worker")
 def test_two_workers_equal_one_process_on_the_global_batch(two_workers):
     (w0, _), single = two_workers
     deltas = {
@@ -174,6 +201,7 @@ def test_two_workers_equal_one_process_on_the_global_batch(two_workers):
 
 
 @pytest.mark.keras3
+@pytest.mark.xdist_group("multi_worker")
 def test_plain_keras_model_cannot_fit_on_two_workers(two_workers):
     """Keeps the Keras 3.15 gap visible; if this fails, upstream fixed MultiWorker fit."""
     (w0, _), _ = two_workers
@@ -181,14 +209,16 @@ def test_plain_keras_model_cannot_fit_on_two_workers(two_workers):
 
 
 @pytest.mark.keras2
+@pytest.mark.xdist_group("multi_worker")
 def test_plain_tf_keras_model_fits_on_two_workers(two_workers):
     (w0, _), _ = two_workers
     assert w0["keras_model"] == {"ok": True}
 
 
-def test_gan_mirrored_matches_single_device(mirrored):
+@pytest.mark.xdist_group("mirrored_gan")
+def test_gan_mirrored_matches_single_device(mirrored_gan):
     """Two named optimizers, seeded noise sliced per replica, steps_per_execution=2."""
-    result = mirrored["gan"]
+    result = mirrored_gan["gan"]
     assert "error" not in result, result.get("traceback")
     parity.record(f"GAN Mirrored x2 vs 1 device (tol {SINGLE_DEVICE_TOLERANCE:g})", **result)
     assert result["iterations"] == {"generator": 12, "discriminator": 12}

@@ -8,6 +8,9 @@ import re
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow  # each test starts processes
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import warnings
+from typing import ClassVar
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import custom_fit
-from custom_fit import keras
-from custom_fit import _compat
+from custom_fit import _compat, keras
 from tests import parity
 
 DATA = parity.classification_data()
@@ -207,7 +207,10 @@ def test_fit_before_compile_says_how_to_fix():
     model = functional()
     with pytest.raises(
         ValueError,
-        match=r"CustomModel.fit\(\) needs a compiled model: expected `model.compile\(optimizer=..., loss=...\)`.*was never compiled. Fix: call `model.compile",
+        match=(
+            r"CustomModel.fit\(\) needs a compiled model: expected `model.compile\(optimizer=..., "
+            r"loss=...\)`.*was never compiled. Fix: call `model.compile"
+        ),
     ):
         model.fit(X, Y, verbose=0)
     with pytest.raises(ValueError, match=r"evaluate\(\) needs a compiled model"):
@@ -227,7 +230,11 @@ def test_minimize_with_unknown_optimizer_name():
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
     with pytest.raises(
         ValueError,
-        match=r"received optimizer='generator', which names no optimizer of this model \(compiled optimizer: Adam; name optimizers with compile\(optimizer=\{name: ...\}\)\)\. Expected `None`.*Fix: omit",
+        match=(
+            r"received optimizer='generator', which names no optimizer of this model \(compiled "
+            r"optimizer: Adam; name optimizers with compile\(optimizer=\{name: ...\}\)\)\. Expected "
+            r"`None`.*Fix: omit"
+        ),
     ):
         model.fit(X, Y, verbose=0)
 
@@ -269,7 +276,7 @@ def test_variables_without_gradient_warn_once_and_stay_unchanged():
     assert "unused/kernel" in message and "unused/bias" in message and "Fix:" in message
     assert parity.max_delta(unused_before, model.unused.get_weights()) == 0.0
     assert parity.max_delta(used_before, model.used.get_weights()) > 0.0
-    counters = 1 if _compat.KERAS_2 else 2  # iterations (and learning_rate on Keras 3)
+    counters = 1 if custom_fit.KERAS_2 else 2  # iterations (and learning_rate on Keras 3)
     assert len(model.optimizer.variables) == counters + 2 * 4, "optimizer state covers every variable"
 
 
@@ -291,7 +298,10 @@ def test_missing_targets_say_how_to_fix():
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
     with pytest.raises(
         ValueError,
-        match=r"compiled with loss='sparse_categorical_crossentropy', which needs targets: expected batches of \(x, y\).*received batches with inputs only. Fix: pass `y`",
+        match=(
+            r"compiled with loss='sparse_categorical_crossentropy', which needs targets: expected "
+            r"batches of \(x, y\).*received batches with inputs only. Fix: pass `y`"
+        ),
     ):
         model.fit(X, verbose=0)
     with pytest.raises(ValueError, match="which needs targets"):
@@ -337,6 +347,7 @@ def test_model_without_loss_trains_on_add_loss():
 XLA_TOLERANCE = 1e-5
 
 
+@pytest.mark.slow
 def test_jit_compile_equals_graph_execution(seed):
     val = lambda: dict(x=DATA["x_val"], y=DATA["y_val"], batch_size=16)  # noqa: E731
     fit = lambda: dict(x=X, y=Y, batch_size=16, epochs=3, shuffle=False, validation_data=(DATA["x_val"], DATA["y_val"]))  # noqa: E731
@@ -384,54 +395,53 @@ def test_op_xla_cannot_compile_names_the_fix(method):
     }[method]
     with pytest.raises(
         ValueError,
-        match=r"XLA cannot compile the step of model .*op PyFuncStateless has no XLA kernel.*Expected every op.*jit_compile=True.*Fix: `model.compile\(..., jit_compile=False\)`",
+        match=(
+            r"XLA cannot compile the step of model .*op PyFuncStateless has no XLA kernel.*Expected "
+            r"every op.*jit_compile=True.*Fix: `model.compile\(..., jit_compile=False\)`"
+        ),
     ):
         call()
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", jit_compile=False)
     call()  # the named fix works
 
 
-def test_second_optimizer_is_loss_scaled_under_mixed_precision():
+def test_second_optimizer_is_loss_scaled_under_mixed_precision(mixed_float16):
     """A float16 gradient of 1e-9 underflows to zero unless the loss is scaled."""
-    keras.mixed_precision.set_global_policy("mixed_float16")
-    try:
 
-        class TinyLoss(custom_fit.CustomModel):
-            def __init__(self):
-                super().__init__()
-                self.body = keras.layers.Dense(8)
-                self.head = keras.layers.Dense(1, dtype="float32")
-                self.head_optimizer = keras.optimizers.SGD(1.0)
+    class TinyLoss(custom_fit.CustomModel):
+        def __init__(self):
+            super().__init__()
+            self.body = keras.layers.Dense(8)
+            self.head = keras.layers.Dense(1, dtype="float32")
+            self.head_optimizer = keras.optimizers.SGD(1.0)
 
-            def call(self, x):
-                return self.head(self.body(x))
+        def call(self, x):
+            return self.head(self.body(x))
 
-            def train_step(self, data):
-                x, y = data
-                with tf.GradientTape(persistent=True) as tape:
-                    loss = 1e-9 * tf.reduce_mean(tf.square(self(x) - y))
-                self.minimize(loss, tape, self.head.trainable_weights)
-                self.minimize(loss, tape, self.body.trainable_weights, optimizer=self.head_optimizer)
-                return {"loss": loss}
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape(persistent=True) as tape:
+                loss = 1e-9 * tf.reduce_mean(tf.square(self(x) - y))
+            self.minimize(loss, tape, self.head.trainable_weights)
+            self.minimize(loss, tape, self.body.trainable_weights, optimizer=self.head_optimizer)
+            return {"loss": loss}
 
-        model = TinyLoss()
-        model.compile(optimizer=keras.optimizers.SGD(1.0))
-        model(X[:1])
-        body_before = [np.array(w) for w in model.body.get_weights()]
-        model.fit(X, X[:, :1] * 100, batch_size=33, epochs=1, verbose=0)
-        wrapper = custom_fit.model._compat.loss_scaled(model, model.head_optimizer)
-        assert (
-            isinstance(wrapper, keras.mixed_precision.LossScaleOptimizer)
-            and wrapper.inner_optimizer is model.head_optimizer
-        )
-        assert int(model.head_optimizer.iterations) == 3
-        assert parity.max_delta(body_before, model.body.get_weights()) > 0, "float16 gradients underflowed"
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
+    model = TinyLoss()
+    model.compile(optimizer=keras.optimizers.SGD(1.0))
+    model(X[:1])
+    body_before = [np.array(w) for w in model.body.get_weights()]
+    model.fit(X, X[:, :1] * 100, batch_size=33, epochs=1, verbose=0)
+    wrapper = _compat.loss_scaled(model, model.head_optimizer)
+    assert (
+        isinstance(wrapper, keras.mixed_precision.LossScaleOptimizer)
+        and wrapper.inner_optimizer is model.head_optimizer
+    )
+    assert int(model.head_optimizer.iterations) == 3
+    assert parity.max_delta(body_before, model.body.get_weights()) > 0, "float16 gradients underflowed"
 
 
 class CountsTraces(custom_fit.CustomModel):
-    traces = {"train": 0, "test": 0}
+    traces: ClassVar[dict[str, int]] = {"train": 0, "test": 0}
 
     def train_step(self, data):
         CountsTraces.traces["train"] += 1  # Python code runs only while tracing
@@ -452,7 +462,7 @@ def test_no_retracing_across_epochs(steps_per_execution):
     # for the partial last batch (99 = 6 x 16 + 3); none per epoch. tf_keras'
     # autograph loop traces the step twice per shape when steps_per_execution > 1
     # (plain tf_keras measured the same: 4 train and 2 test traces).
-    limit = 4 if _compat.KERAS_2 and steps_per_execution > 1 else 2
+    limit = 4 if custom_fit.KERAS_2 and steps_per_execution > 1 else 2
     assert CountsTraces.traces["train"] <= limit and CountsTraces.traces["test"] <= 2, CountsTraces.traces
     traces = dict(CountsTraces.traces)
     model.fit(X, Y, batch_size=16, epochs=2, verbose=0)
@@ -484,6 +494,9 @@ def test_log_values_needs_compile():
     model = functional(Logs)
     with pytest.raises(
         ValueError,
-        match=r"log_values\(\) needs a compiled model: expected `compile\(\)` to have created trackers for \['d_loss'\].*Fix: call `model.compile",
+        match=(
+            r"log_values\(\) needs a compiled model: expected `compile\(\)` to have created trackers "
+            r"for \['d_loss'\].*Fix: call `model.compile"
+        ),
     ):
         model.log_values(X, d_loss=1.0)

@@ -10,7 +10,6 @@ import tensorflow as tf
 
 import custom_fit
 from custom_fit import keras
-from custom_fit import _compat
 from tests import parity
 
 X = parity.classification_data()["x"]
@@ -37,7 +36,7 @@ class TwoHeads(custom_fit.CustomModel):
         x, y = data
         with tf.GradientTape(persistent=True) as tape:
             loss = custom_fit.batch_mean(tf.square(tf.cast(self(x, training=True), "float32") - y))
-        for name, part in zip(self.uses, (self.encoder, self.head)):
+        for name, part in zip(self.uses, (self.encoder, self.head), strict=True):
             self.minimize(loss, tape, part.trainable_weights, optimizer=name)
         return {"loss": loss}
 
@@ -56,29 +55,23 @@ def test_dict_of_optimizers_compiles_into_named_group():
     assert [id(v) for v in model.optimizer.member_variables("head")] == [id(v) for v in model.head.trainable_weights]
     # No stray default optimizer anywhere in the model's state.
     assert model.optimizer.optimizers == [model.optimizer["encoder"], model.optimizer["head"]]
-    if not _compat.KERAS_2:  # Keras 3 variables name their optimizer in their path
+    if not custom_fit.KERAS_2:  # Keras 3 variables name their optimizer in their path
         assert {v.path.split("/")[0] for v in model.optimizer.variables} == {"named_optimizers"}
 
 
-def test_loss_scaling_wraps_every_member():
-    keras.mixed_precision.set_global_policy("mixed_float16")
-    try:
-        model = TwoHeads()
-        model.compile(optimizer={"encoder": "adam", "head": "adam"})
-        assert all(
-            isinstance(model.optimizer[n], keras.mixed_precision.LossScaleOptimizer) for n in ("encoder", "head")
-        )
-        before = [np.array(w) for w in model.get_weights()]
-        fit(model, epochs=3)
-        for name, part in (("encoder", model.encoder), ("head", model.head)):
-            optimizer = model.optimizer[name]
-            scale = float(optimizer.loss_scale if _compat.KERAS_2 else optimizer.dynamic_scale)
-            # Dynamic loss scaling ran for both: it starts at 2**15 and halves on overflow.
-            assert 1.0 < scale <= 2.0**15
-            assert int(model.optimizer[name].inner_optimizer.iterations) >= 1
-        assert parity.max_delta(before, model.get_weights()) > 0
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
+def test_loss_scaling_wraps_every_member(mixed_float16):
+    model = TwoHeads()
+    model.compile(optimizer={"encoder": "adam", "head": "adam"})
+    assert all(isinstance(model.optimizer[n], keras.mixed_precision.LossScaleOptimizer) for n in ("encoder", "head"))
+    before = [np.array(w) for w in model.get_weights()]
+    fit(model, epochs=3)
+    for name in ("encoder", "head"):
+        optimizer = model.optimizer[name]
+        scale = float(optimizer.loss_scale if custom_fit.KERAS_2 else optimizer.dynamic_scale)
+        # Dynamic loss scaling ran for both: it starts at 2**15 and halves on overflow.
+        assert 1.0 < scale <= 2.0**15
+        assert int(optimizer.inner_optimizer.iterations) >= 1
+    assert parity.max_delta(before, model.get_weights()) > 0
 
 
 def test_optimizer_name_not_compiled():
@@ -89,7 +82,10 @@ def test_optimizer_name_not_compiled():
     model.compile(optimizer={"encoder": "adam", "head": "adam"})
     with pytest.raises(
         ValueError,
-        match=r"received optimizer='haed'; this model was compiled with named optimizers \['encoder', 'head'\]\. Expected one of those names.*Fix: pass optimizer='encoder', or add 'haed'",
+        match=(
+            r"received optimizer='haed'; this model was compiled with named optimizers \['encoder', "
+            r"'head'\]\. Expected one of those names.*Fix: pass optimizer='encoder', or add 'haed'"
+        ),
     ):
         fit(model)
 
@@ -107,7 +103,10 @@ def test_unused_named_optimizer_warns_once():
     model.compile(optimizer={"encoder": "adam", "head": "adam"})
     with pytest.warns(
         custom_fit.UnusedOptimizerWarning,
-        match=r"compiled with optimizers \['encoder', 'head'\], but its train_step never used \['encoder'\].*Fix: call self.minimize\(..., optimizer='encoder'\)",
+        match=(
+            r"compiled with optimizers \['encoder', 'head'\], but its train_step never used "
+            r"\['encoder'\].*Fix: call self.minimize\(..., optimizer='encoder'\)"
+        ),
     ) as caught:
         fit(model, epochs=2)
     assert len([w for w in caught if issubclass(w.category, custom_fit.UnusedOptimizerWarning)]) == 1
@@ -127,7 +126,10 @@ def test_variables_updated_by_two_optimizers():
     model.compile(optimizer={"first": "adam", "second": "adam"})
     with pytest.raises(
         ValueError,
-        match=r"Variables \[.*head.*\] would be updated by two optimizers, 'first' and 'second'\. Expected each variable to belong to one named optimizer\. Fix:",
+        match=(
+            r"Variables \[.*head.*\] would be updated by two optimizers, 'first' and 'second'\. "
+            r"Expected each variable to belong to one named optimizer\. Fix:"
+        ),
     ):
         fit(model)
 
@@ -145,7 +147,10 @@ def test_named_optimizer_given_other_variables():
     model.compile(optimizer={"encoder": "adam"})
     with pytest.raises(
         ValueError,
-        match=r"optimizer='encoder'\) received variables the 'encoder' optimizer does not update.*Fix: pass the same variables every step",
+        match=(
+            r"optimizer='encoder'\) received variables the 'encoder' optimizer does not update.*Fix: "
+            r"pass the same variables every step"
+        ),
     ):
         fit(model)
 
@@ -155,7 +160,10 @@ def test_regularization_never_added_warns():
     model.compile(optimizer={"encoder": "adam", "head": "adam"})
     with pytest.warns(
         custom_fit.UnusedRegularizationWarning,
-        match=r"updated regularized variables of \['encoder'\] without computing their regularization losses.*Fix: .*custom_fit.regularization_loss",
+        match=(
+            r"updated regularized variables of \['encoder'\] without computing their regularization "
+            r"losses.*Fix: .*custom_fit.regularization_loss"
+        ),
     ):
         fit(model)
 
@@ -181,10 +189,10 @@ def test_regularization_added_does_not_warn():
 def test_group_learning_rate_is_per_member():
     group = custom_fit.NamedOptimizers({"a": "adam"})
     with pytest.raises(
-        ValueError if _compat.KERAS_2 else AttributeError,
+        ValueError if custom_fit.KERAS_2 else AttributeError,
         match=r"one learning rate per member: read or set `model.optimizer\[name\].learning_rate`",
     ):
-        group.learning_rate
+        _ = group.learning_rate
     with pytest.raises(KeyError, match=r"No optimizer named 'b': expected one of \['a'\]"):
         group["b"]
     with pytest.raises(ValueError, match=r"expected a non-empty dict \{name: optimizer\}, received \{\}"):
@@ -211,10 +219,10 @@ def test_minimize_without_name_on_named_group():
 
 def test_group_rejects_bad_names_and_learning_rate_assignment():
     with pytest.raises(ValueError, match=r"Optimizer names must be non-empty strings, received 3"):
-        custom_fit.NamedOptimizers({3: "adam"})
+        custom_fit.NamedOptimizers({3: "adam"})  # type: ignore[dict-item]
     group = custom_fit.NamedOptimizers({"a": "adam"})
     with pytest.raises(
-        ValueError if _compat.KERAS_2 else AttributeError,
+        ValueError if custom_fit.KERAS_2 else AttributeError,
         match=r"one learning rate per member: (read or )?set `model.optimizer\[name\].learning_rate`",
     ):
         group.learning_rate = 0.1

@@ -16,26 +16,40 @@ from custom_fit import keras
 pytestmark = pytest.mark.keras3  # the README's examples are written for Keras 3 (`import keras`)
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
-QUICKSTART, STEP, EXAMPLES, KERAS2, GAN_EXAMPLE, SCALING = BLOCKS
+# Each tested block follows a `<!-- block: NAME -->` line.
+BLOCKS = dict(re.findall(r"<!-- block: ([\w-]+) -->\n```python\n(.*?)```", README.read_text(), flags=re.S))
+EXPECTED = {"quickstart", "train-step", "minimize-body", "override-examples", "keras2-step", "gan-step", "scaling"}
+
+
+def test_every_named_block_is_found():
+    assert set(BLOCKS) == EXPECTED
+
+
+def body(function) -> str:
+    """A function's code after its docstring, dedented."""
+    source = textwrap.dedent(inspect.getsource(function))
+    return textwrap.dedent(source.split('"""')[-1].strip("\n")).strip()
 
 
 def test_quick_start_runs(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
-    exec(compile(QUICKSTART, "README quick start", "exec"), namespace)
+    exec(compile(BLOCKS["quickstart"], "README quick start", "exec"), namespace)
     assert type(namespace["restored"]) is type(namespace["model"])
     assert len(eval(capsys.readouterr().out)) == 3  # the printed val_accuracy per epoch
-    assert len(QUICKSTART.strip().splitlines()) <= 20
+    assert len(BLOCKS["quickstart"].strip().splitlines()) <= 20
 
 
 def test_step_excerpt_is_the_real_train_step():
+    excerpt = BLOCKS["train-step"].strip().splitlines()
     source = textwrap.dedent(inspect.getsource(custom_fit.CustomModel.train_step))
-    code = source.split('"""')[-1]  # the body after the docstring
-    excerpt = STEP.strip().splitlines()
     assert source.startswith(excerpt[0] + "\n")
     assert excerpt[1].strip() == "...  # docstring"
-    assert textwrap.dedent("\n".join(excerpt[2:])) == textwrap.dedent(code.strip("\n")).strip()
+    assert textwrap.dedent("\n".join(excerpt[2:])) == body(custom_fit.CustomModel.train_step)
+
+
+def test_minimize_excerpt_is_the_real_body():
+    assert BLOCKS["minimize-body"].strip() == body(custom_fit.CustomModel.minimize)
 
 
 def small_functional(base):
@@ -49,15 +63,16 @@ def small_functional(base):
 )
 def test_readme_examples_train(name):
     namespace: dict = {}
-    exec(compile(EXAMPLES, "README override examples", "exec"), namespace)
-    exec(compile("import tensorflow as tf\nimport custom_fit\n" + KERAS2, "README Keras-2 step", "exec"), namespace)
+    exec(compile(BLOCKS["override-examples"], "README override examples", "exec"), namespace)
+    keras2_step = "import tensorflow as tf\nimport custom_fit\n" + BLOCKS["keras2-step"]
+    exec(compile(keras2_step, "README Keras-2 step", "exec"), namespace)
     model = small_functional(namespace[name])
     model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
     x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
     before = model.get_weights()
     history = model.fit(x, x[:, :1], batch_size=16, epochs=2, verbose=0)
     assert np.isfinite(history.history["loss"]).all()
-    assert max(float(np.max(np.abs(a - b))) for a, b in zip(before, model.get_weights())) > 0
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(before, model.get_weights(), strict=True)) > 0
     if name == "CountUpdates":
         assert int(model.updates_seen.numpy()) == 8
     if name == "TwoOptimizers":
@@ -67,15 +82,17 @@ def test_readme_examples_train(name):
 
 def test_scaling_snippet_uses_real_arguments():
     """The snippet needs a strategy (run by tests/test_distribute.py); here: it parses, and its options exist."""
-    compile(SCALING, "README scaling out", "exec")
+    compile(BLOCKS["scaling"], "README scaling out", "exec")
     assert "clip_after_aggregation" in inspect.signature(custom_fit.CustomModel.compile).parameters
 
 
 def test_gan_example_trains():
     namespace: dict = {}
-    exec(compile("import tensorflow as tf\nimport custom_fit\n" + GAN_EXAMPLE, "README GAN", "exec"), namespace)
+    gan_step = "import tensorflow as tf\nimport custom_fit\n" + BLOCKS["gan-step"]
+    exec(compile(gan_step, "README GAN", "exec"), namespace)
+    two_tower_gan: type = namespace["TwoTowerGAN"]
 
-    class Model(namespace["TwoTowerGAN"]):
+    class Model(two_tower_gan):
         def __init__(self):
             super().__init__()
             self.generator = keras.Sequential([keras.Input((16,)), keras.layers.Dense(4)])
