@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import keras
 import numpy as np
@@ -52,7 +52,7 @@ def tf_function_loop(model: keras.Model, batch_size: int) -> Callable[[np.ndarra
             predictions = model(x, training=True)
             loss = loss_fn(y, predictions)
         gradients = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
         train_loss.update_state(loss)
         train_accuracy.update_state(y, predictions)
 
@@ -75,12 +75,12 @@ def eager_per_sample_loop(model: keras.Model, batch_size: int) -> Callable[[np.n
             predictions = model(features)
             loss = loss_fn(labels, predictions)
         gradients = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
         return loss
 
     def run_epoch(x, y):
         x_batch, y_batch = [], []
-        for step, (xi, yi) in enumerate(zip(x, y)):
+        for step, (xi, yi) in enumerate(zip(x, y, strict=True)):
             x_batch.append(xi)
             y_batch.append(yi)
             if step % batch_size == batch_size - 1:
@@ -155,12 +155,12 @@ def tf_function_gan_loop(generator, discriminator, latent_dim: int, batch_size: 
             fake_logits = discriminator(fake, training=True)
             d_loss = bce(tf.ones_like(real_logits), real_logits) + bce(tf.zeros_like(fake_logits), fake_logits)
         grads = tape.gradient(d_loss, discriminator.trainable_weights)
-        d_optimizer.apply_gradients(zip(grads, discriminator.trainable_weights))
+        d_optimizer.apply_gradients(zip(grads, discriminator.trainable_weights, strict=True))
         with tf.GradientTape() as tape:
             fake_logits = discriminator(generator(tf.random.normal((n, latent_dim)), training=True), training=True)
             g_loss = bce(tf.ones_like(fake_logits), fake_logits)
         grads = tape.gradient(g_loss, generator.trainable_weights)
-        g_optimizer.apply_gradients(zip(grads, generator.trainable_weights))
+        g_optimizer.apply_gradients(zip(grads, generator.trainable_weights, strict=True))
 
     def run_epoch(x):
         for batch in tf.data.Dataset.from_tensor_slices(x).batch(batch_size):

@@ -25,17 +25,17 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
-import custom_fit  # noqa: E402
-from custom_fit import keras  # noqa: E402  (Keras 3, or tf_keras with TF_USE_LEGACY_KERAS=1)
+import custom_fit
+from custom_fit import keras
 
 HERE = Path(__file__).resolve().parent
 KERAS_2 = custom_fit.KERAS_VERSION.startswith("tf_keras")
@@ -123,7 +123,7 @@ def classification_variants(kind: str, n: int, batch: int, eager_n: int) -> dict
     }
 
 
-def gan_parts(latent: int):
+def gan_parts(latent: int) -> tuple[keras.Model, keras.Model]:
     generator = keras.Sequential(
         [
             keras.Input((latent,)),
@@ -183,8 +183,8 @@ def measure(variants: dict, repeats: int, reference: str) -> dict:
     """Warm up every variant, then time them interleaved; summarize per variant."""
     for run, _ in variants.values():
         run()
-    rates = {name: [] for name in variants}
-    memory = {name: 0.0 for name in variants}
+    rates: dict[str, list[float]] = {name: [] for name in variants}
+    memory = dict.fromkeys(variants, 0.0)
     for _ in range(repeats):
         for name, (run, samples) in variants.items():
             with PeakMemory() as peak:
@@ -195,7 +195,7 @@ def measure(variants: dict, repeats: int, reference: str) -> dict:
             memory[name] = max(memory[name], peak.peak_mb)
     summary = {}
     for name, values in rates.items():
-        ratios = [a / b for a, b in zip(values, rates[reference])]
+        ratios = [a / b for a, b in zip(values, rates[reference], strict=True)]
         summary[name] = {
             "samples_per_s_median": statistics.median(values),
             "samples_per_s_min": min(values),
@@ -281,7 +281,8 @@ def markdown(results: dict) -> str:
         f"Measured on: {results['machine']} ({'quick' if results['quick'] else 'full'} sizes, "
         f"{results['repeats']} interleaved rounds).",
         "",
-        "| workload | variant | samples/s (median) | spread (min-max) | ratio to reference (median, min-max) | peak RSS growth |",
+        "| workload | variant | samples/s (median) | spread (min-max) "
+        "| ratio to reference (median, min-max) | peak RSS growth |",
         "|---|---|---:|---:|---:|---:|",
     ]
     for workload, result in results["workloads"].items():
@@ -290,7 +291,8 @@ def markdown(results: dict) -> str:
             lines.append(
                 f"| {workload} | {name}{reference} | {v['samples_per_s_median']:,.0f} | "
                 f"{v['samples_per_s_min']:,.0f}-{v['samples_per_s_max']:,.0f} | "
-                f"{v['ratio_to_reference_median']:.3f} ({v['ratio_to_reference_min']:.2f}-{v['ratio_to_reference_max']:.2f}) | "
+                f"{v['ratio_to_reference_median']:.3f} "
+                f"({v['ratio_to_reference_min']:.2f}-{v['ratio_to_reference_max']:.2f}) | "
                 f"{v['peak_rss_growth_mb']:.0f} MB |"
             )
     return "\n".join(lines) + "\n"
@@ -306,8 +308,8 @@ def plot(results: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(10, 0.3 * len(rows) + 1.2))
     medians = [v["ratio_to_reference_median"] for _, v in rows]
     errors = [
-        [m - v["ratio_to_reference_min"] for m, (_, v) in zip(medians, rows)],
-        [v["ratio_to_reference_max"] - m for m, (_, v) in zip(medians, rows)],
+        [m - v["ratio_to_reference_min"] for m, (_, v) in zip(medians, rows, strict=True)],
+        [v["ratio_to_reference_max"] - m for m, (_, v) in zip(medians, rows, strict=True)],
     ]
     ax.barh(
         range(len(rows)),

@@ -6,10 +6,9 @@ summed across workers every step, so all workers end with the same weights.
 
 Two workers on this machine, started by hand (two terminals, or ``&``)::
 
-    TF_CONFIG='{"cluster": {"worker": ["127.0.0.1:12345", "127.0.0.1:12346"]}, "task": {"type": "worker", "index": 0}}' \
-        python examples/multi_worker.py &
-    TF_CONFIG='{"cluster": {"worker": ["127.0.0.1:12345", "127.0.0.1:12346"]}, "task": {"type": "worker", "index": 1}}' \
-        python examples/multi_worker.py
+    CLUSTER='"cluster": {"worker": ["127.0.0.1:12345", "127.0.0.1:12346"]}'
+    TF_CONFIG="{$CLUSTER, \"task\": {\"type\": \"worker\", \"index\": 0}}" python examples/multi_worker.py &
+    TF_CONFIG="{$CLUSTER, \"task\": {\"type\": \"worker\", \"index\": 1}}" python examples/multi_worker.py
     wait
 
 or let this script start them: ``python examples/multi_worker.py --launch 2``.
