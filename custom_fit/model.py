@@ -33,8 +33,9 @@ import tensorflow as tf
 from custom_fit import _compat, diagnostics, optimizers
 from custom_fit._compat import keras
 from custom_fit.diagnostics import GradsAndVars, StepDiagnostics
+from custom_fit.functional import functional_twin
 from custom_fit.logged_values import LoggedValuesMixin
-from custom_fit.saving import RecompilesOnLoad
+from custom_fit.saving import RecompilesOnLoad, findable_in_h5_files
 from custom_fit.step_functions import StepFunctions
 
 __all__ = ["CustomModel", "CustomSequential"]
@@ -49,6 +50,7 @@ else:
     _KERAS_3_ONLY = (CompiledAttributes, SavesSeedGeneratorStates)
 
 
+@findable_in_h5_files
 @keras.saving.register_keras_serializable(package="custom_fit")
 class CustomModel(
     *_KERAS_3_ONLY,  # type: ignore[misc]  # Keras 3 adds two mixins (see above)
@@ -85,9 +87,9 @@ class CustomModel(
     def __init__(self, *args: Any, **kwargs: Any):
         if _compat.is_functional_call(args, kwargs) and not isinstance(self, _compat.Functional):
             # `keras.Model.__init__` would splice `Functional` into the bases of
-            # this class (and of CustomModel) for good. Move only this instance
-            # to a private subclass that has `Functional` among its bases.
-            object.__setattr__(self, "__class__", _functional_class(type(self)))
+            # this class (and of CustomModel) for good, even if it then raises.
+            # Move only this instance to a twin class that derives from both.
+            object.__setattr__(self, "__class__", functional_twin(type(self)))
         super().__init__(*args, **kwargs)
         _compat.set_untracked(self, "_diagnostics", StepDiagnostics(self))
 
@@ -326,6 +328,7 @@ class CustomModel(
             self.apply_gradients(grads_and_vars, optimizer)
 
 
+@findable_in_h5_files
 @keras.saving.register_keras_serializable(package="custom_fit")
 class CustomSequential(CustomModel, keras.Sequential):
     """A drop-in ``keras.Sequential`` with :class:`CustomModel`'s explicit steps.
@@ -338,20 +341,3 @@ class CustomSequential(CustomModel, keras.Sequential):
         >>> model.fit(np.ones((8, 4)), np.zeros((8, 1)), verbose=0).history["loss"][0] > 0
         True
     """
-
-
-def _functional_class(cls: type) -> type:
-    """A subclass of ``cls`` that is also ``Functional``, made once per class."""
-    twin = _functional_classes.get(cls)
-    if twin is None:
-        twin = type(
-            cls.__name__,
-            (cls, _compat.Functional),
-            {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__},
-        )
-        _compat.share_registered_name(twin, cls)
-        _functional_classes[cls] = twin
-    return twin
-
-
-_functional_classes: dict[type, type] = {}

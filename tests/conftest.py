@@ -43,6 +43,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         workeroutput["parity"] = json.dumps(parity.RESULTS)
 
 
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook
 def pytest_testnodedown(node: Any, error: Any) -> None:
     parity.RESULTS.update(json.loads(node.workeroutput.get("parity", "{}")))
 

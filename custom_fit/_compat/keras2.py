@@ -29,7 +29,6 @@ from typing import Any
 import tensorflow as tf
 import tf_keras as keras
 from tf_keras.src.engine import functional as _functional
-from tf_keras.src.engine import keras_tensor as _keras_tensor
 from tf_keras.src.engine import training as _training
 from tf_keras.src.mixed_precision import loss_scale_optimizer as _lso
 from tf_keras.src.saving import object_registration as _registration
@@ -456,7 +455,12 @@ def random_uniform(shape: Any, seed: Any) -> Any:
 
 
 def is_functional_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """Whether constructor arguments mean ``Model(inputs, outputs)`` with symbolic inputs."""
+    """Whether ``Model.__init__`` takes these arguments for ``Model(inputs, outputs)``.
+
+    Keras' own test (``is_functional_model_init_params``) counts arguments;
+    when it holds, Keras splices ``Functional`` into the class' bases before it
+    checks the arguments themselves.
+    """
     if not _training.is_functional_model_init_params(args, kwargs):
         return False
     inputs = kwargs["inputs"] if "inputs" in kwargs else args[0]
@@ -472,7 +476,7 @@ def is_functional_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
             "`from tensorflow import keras` (or `import tf_keras as keras`), or unset "
             "TF_USE_LEGACY_KERAS to use Keras 3."
         )
-    return bool(flat) and all(isinstance(t, _keras_tensor.KerasTensor) for t in flat)
+    return True
 
 
 def share_registered_name(twin: type, cls: type) -> None:

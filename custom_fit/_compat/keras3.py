@@ -374,17 +374,13 @@ def random_uniform(shape: Any, seed: Any) -> Any:
 
 
 def is_functional_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """Whether constructor arguments mean ``Model(inputs, outputs)``.
+    """Whether ``keras.Model.__init__`` takes these arguments for ``Model(inputs, outputs)``.
 
-    Keras' own test (``functional_init_arguments``) only counts arguments; the
-    inputs must also be symbolic ``KerasTensor``s, so that a subclass taking
-    two ordinary arguments is not mistaken for a functional model.
+    Keras' own test (``functional_init_arguments``) counts arguments; when it
+    holds, Keras splices ``Functional`` into the class' bases before it checks
+    the arguments themselves.
     """
-    if not _model.functional_init_arguments(args, kwargs):
-        return False
-    inputs = kwargs["inputs"] if "inputs" in kwargs else args[0]
-    flat = tf.nest.flatten(inputs)
-    return bool(flat) and all(isinstance(t, keras.KerasTensor) for t in flat)
+    return bool(_model.functional_init_arguments(args, kwargs))
 
 
 def share_registered_name(twin: type, cls: type) -> None:
