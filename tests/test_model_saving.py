@@ -6,6 +6,9 @@
 
 from __future__ import annotations
 
+import warnings
+from typing import Any
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -16,7 +19,7 @@ from tests import parity
 
 DATA = parity.classification_data()
 SEED = 7
-COMPILE = dict(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+COMPILE: dict[str, Any] = dict(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 # tf_keras' Dropout draws its masks from TensorFlow's global random generator,
 # whose state no Keras 2 format saves: a resumed run with Dropout cannot equal an
 # uninterrupted one there (measured max |delta| 0.0064 after BackupAndRestore).
@@ -186,3 +189,35 @@ def test_plain_keras_does_not_restore_dropout_state(tmp_path):
     _, loaded = saved_and_loaded(plain, tmp_path / "plain.keras")
     fit(loaded, 4, initial_epoch=2)
     assert parity.max_delta(reference.get_weights(), loaded.get_weights()) > 1e-4
+
+
+# Keras 2 warns that HDF5 is a legacy format; saving it is what these tests do.
+H5_IS_LEGACY = "You are saving your model as an HDF5 file"
+
+
+@pytest.mark.parametrize("kind", ["functional", "sequential"])
+def test_legacy_h5_round_trip_needs_no_custom_objects(kind, tmp_path):
+    """`.h5` files store the bare class name; CustomModel and CustomSequential are found by it."""
+    keras.utils.set_random_seed(SEED)
+    model = BUILDERS[kind]()
+    model.compile(**COMPILE)
+    fit(model, 1)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=H5_IS_LEGACY)
+        model.save(tmp_path / "m.h5")
+    loaded = keras.models.load_model(tmp_path / "m.h5")  # no custom_objects
+    assert type(loaded) is type(model)
+    assert parity.max_delta(model.get_weights(), loaded.get_weights()) == 0.0
+    np.testing.assert_array_equal(model.predict(DATA["x_val"], verbose=0), loaded.predict(DATA["x_val"], verbose=0))
+
+
+@pytest.mark.keras2
+def test_subclassed_h5_on_keras2_names_the_fix(tmp_path):
+    """tf_keras cannot write subclassed models to `.h5` (as for tf.keras.Model); its error names the fix."""
+    model = Subclassed()
+    model.compile(**COMPILE)
+    fit(model, 1)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=H5_IS_LEGACY)
+        with pytest.raises(NotImplementedError, match=r"subclassed models.*save_weights"):
+            model.save(tmp_path / "m.h5")
