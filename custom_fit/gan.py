@@ -21,14 +21,12 @@ from custom_fit import _compat, optimizers
 from custom_fit._compat import keras
 from custom_fit.losses import batch_mean, regularization_loss
 from custom_fit.model import CustomModel
-from custom_fit.saving import findable_in_h5_files
 
 __all__ = ["GAN", "LOSSES", "GenerateSamples", "image_grid"]
 
 LOSSES = ("bce", "hinge", "wgan-gp")
 
 
-@findable_in_h5_files
 @keras.saving.register_keras_serializable(package="custom_fit")
 class GAN(CustomModel):
     """A GAN from a generator and a discriminator, trained by ``fit(real_data)``.

@@ -35,7 +35,7 @@ from custom_fit._compat import keras
 from custom_fit.diagnostics import GradsAndVars, StepDiagnostics
 from custom_fit.functional import functional_twin
 from custom_fit.logged_values import LoggedValuesMixin
-from custom_fit.saving import RecompilesOnLoad, findable_in_h5_files
+from custom_fit.saving import RecompilesOnLoad
 from custom_fit.step_functions import StepFunctions
 
 __all__ = ["CustomModel", "CustomSequential"]
@@ -50,7 +50,6 @@ else:
     _KERAS_3_ONLY = (CompiledAttributes, SavesSeedGeneratorStates)
 
 
-@findable_in_h5_files
 @keras.saving.register_keras_serializable(package="custom_fit")
 class CustomModel(
     *_KERAS_3_ONLY,  # type: ignore[misc]  # Keras 3 adds two mixins (see above)
@@ -328,7 +327,6 @@ class CustomModel(
             self.apply_gradients(grads_and_vars, optimizer)
 
 
-@findable_in_h5_files
 @keras.saving.register_keras_serializable(package="custom_fit")
 class CustomSequential(CustomModel, keras.Sequential):
     """A drop-in ``keras.Sequential`` with :class:`CustomModel`'s explicit steps.

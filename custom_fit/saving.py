@@ -21,7 +21,7 @@ from custom_fit._compat import keras
 if not _compat.KERAS_2:  # a Keras 2 process never loads Keras 3
     from custom_fit._compat import keras3_only
 
-__all__ = ["RecompilesOnLoad", "SavesSeedGeneratorStates", "findable_in_h5_files"]
+__all__ = ["RecompilesOnLoad", "SavesSeedGeneratorStates"]
 
 # Prefix of the entries `save_own_variables` adds for random seed generator states.
 _SEED_STATE_KEY = "seed_generator_state_"
@@ -68,16 +68,3 @@ class SavesSeedGeneratorStates:
         for i, state in enumerate(keras3_only.seed_generator_states(self)):
             if f"{_SEED_STATE_KEY}{i}" in keys:
                 state.assign(store[f"{_SEED_STATE_KEY}{i}"])
-
-
-def findable_in_h5_files(cls: type) -> type:
-    """Class decorator: lets legacy ``.h5`` files find ``cls`` without ``custom_objects``.
-
-    Both Kerases write a model's bare class name (``"CustomModel"``) into an
-    ``.h5`` file, not the registered ``"custom_fit>CustomModel"`` the ``.keras``
-    format uses, and look it up among Keras' own classes and the global custom
-    objects. The bare name is added there (``keras.saving.get_custom_objects()``,
-    public in both); ``custom_objects`` given to ``load_model`` still win.
-    """
-    keras.saving.get_custom_objects()[cls.__name__] = cls
-    return cls

@@ -196,8 +196,8 @@ H5_IS_LEGACY = "You are saving your model as an HDF5 file"
 
 
 @pytest.mark.parametrize("kind", ["functional", "sequential"])
-def test_legacy_h5_round_trip_needs_no_custom_objects(kind, tmp_path):
-    """`.h5` files store the bare class name; CustomModel and CustomSequential are found by it."""
+def test_legacy_h5_round_trip_with_custom_objects(kind, tmp_path):
+    """`.h5` files store the bare class name; without custom_objects Keras says which name it lacks."""
     keras.utils.set_random_seed(SEED)
     model = BUILDERS[kind]()
     model.compile(**COMPILE)
@@ -205,7 +205,11 @@ def test_legacy_h5_round_trip_needs_no_custom_objects(kind, tmp_path):
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=H5_IS_LEGACY)
         model.save(tmp_path / "m.h5")
-    loaded = keras.models.load_model(tmp_path / "m.h5")  # no custom_objects
+    name = type(model).__name__
+    with pytest.raises(ValueError, match=rf"Unknown layer: '{name}'.*custom_object_scope"):
+        keras.models.load_model(tmp_path / "m.h5")
+    custom_objects = {"CustomModel": custom_fit.CustomModel, "CustomSequential": custom_fit.CustomSequential}
+    loaded = keras.models.load_model(tmp_path / "m.h5", custom_objects=custom_objects)
     assert type(loaded) is type(model)
     assert parity.max_delta(model.get_weights(), loaded.get_weights()) == 0.0
     np.testing.assert_array_equal(model.predict(DATA["x_val"], verbose=0), loaded.predict(DATA["x_val"], verbose=0))
