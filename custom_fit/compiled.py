@@ -112,12 +112,8 @@ class CompiledLoss:
                 "`model.compile(optimizer=..., loss=...)` with a loss."
             )
         total = keras3_only.sum_losses(losses)
-        tracker = _compat.loss_tracker(model)
-        if tracker is not None:
-            tracker.update_state(
-                _compat.unscale_loss_for_distribution(total),
-                sample_weight=_compat.batch_size_of(y_pred),
-            )
+        if _compat.loss_tracker(model) is not None:
+            model._add_to_loss_tracker(total, _compat.batch_size_of(y_pred))
         return total
 
     @property

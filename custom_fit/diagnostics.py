@@ -155,7 +155,8 @@ class StepDiagnostics:
 
     def _check_unused_optimizers(self) -> None:
         model = self._model
-        names = list(model.optimizer) if isinstance(model.optimizer, NamedOptimizers) else []
+        group = model.optimizer if isinstance(model.optimizer, NamedOptimizers) else None
+        names = list(group) if group is not None and not group.from_attributes else []
         unused = [name for name in names if name not in self._trace.used_optimizers]
         if unused:
             self.warn_once(

@@ -108,21 +108,34 @@ class LoggedValuesMixin:
                     f"Expected only declared names. Fix: add {name!r} to `logged_values` "
                     "(a class attribute) before compile()."
                 )
-            tracker = trackers[name] if name in trackers else _compat.loss_tracker(self)  # "loss": Keras'
-            tracker.update_state(_compat.unscale_loss_for_distribution(value), sample_weight=batch_size)
+            if name in trackers:
+                trackers[name].update_state(_compat.unscale_loss_for_distribution(value), sample_weight=batch_size)
+            else:  # "loss": Keras' own tracker
+                self._add_to_loss_tracker(value, batch_size)
+
+    def _add_to_loss_tracker(self: Any, loss: Any, batch_size: Any) -> None:
+        """Adds a batch's loss (in Keras' distribution convention) to Keras' ``loss`` tracker.
+
+        The tracker sees the global mean (unscaled for distribution) weighted by
+        batch size, so the epoch value is right for a partial last batch. From
+        then on the logs show ``loss``, also when no loss was compiled.
+        """
+        _compat.set_untracked(self, "_reports_loss", True)
+        _compat.loss_tracker(self).update_state(_compat.unscale_loss_for_distribution(loss), sample_weight=batch_size)
 
     @property
     def metrics(self: Any) -> list[Any]:
         """Keras' metrics, with the trackers of :attr:`logged_values` after ``loss``.
 
-        A model that declares ``logged_values`` and compiles no loss has no
-        ``loss`` entry (it would always read 0).
+        A model compiled without a loss has a ``loss`` entry only once a step
+        reported one (``CustomModel``'s own steps, ``compiled_loss``,
+        ``log_values(loss=...)``), as on Keras 2; Keras 3 would log ``loss: 0``.
         """
         metrics = super().metrics  # type: ignore[misc]
-        if not self.logged_values or not _compat.is_compiled(self):
+        if not _compat.is_compiled(self):
             return metrics
         loss_tracker = _compat.loss_tracker(self)
-        keep_loss = _compat.has_compiled_loss(self) or "loss" in self.logged_values
+        keep_loss = _compat.has_compiled_loss(self) or getattr(self, "_reports_loss", False)
         head = [loss_tracker] if keep_loss and loss_tracker in metrics else []
         own: list[Any] = self._logged_value_trackers.metrics_entries
         return head + own + [m for m in metrics if m is not loss_tracker]

@@ -35,7 +35,11 @@ from custom_fit._compat import keras
 from custom_fit.diagnostics import GradsAndVars, StepDiagnostics
 from custom_fit.functional import functional_twin
 from custom_fit.logged_values import LoggedValuesMixin
-from custom_fit.saving import RecompilesOnLoad
+from custom_fit.saving import (
+    ConfigFromConstructor,
+    RecompilesOnLoad,
+    SavesOptimizerAssignment,
+)
 from custom_fit.step_functions import StepFunctions
 
 __all__ = ["CustomModel", "CustomSequential"]
@@ -53,6 +57,8 @@ else:
 @keras.saving.register_keras_serializable(package="custom_fit")
 class CustomModel(
     *_KERAS_3_ONLY,  # type: ignore[misc]  # Keras 3 adds two mixins (see above)
+    SavesOptimizerAssignment,
+    ConfigFromConstructor,
     StepFunctions,
     LoggedValuesMixin,
     RecompilesOnLoad,
@@ -141,6 +147,10 @@ class CustomModel(
         self.clip_after_aggregation = bool(clip_after_aggregation) or _compat.CLIPS_AFTER_AGGREGATION
         if clip_after_aggregation:
             _compat.record_compile_option(self, "clip_after_aggregation", True)
+
+    def _after_compile(self) -> None:
+        """After any ``compile``: optimizers kept as attributes become ``model.optimizer`` (named)."""
+        optimizers.group_attribute_optimizers(self)
 
     # -- the three steps ---------------------------------------------------
 
@@ -305,14 +315,9 @@ class CustomModel(
         return self.compute_loss(x, y, y_pred, sample_weight)
 
     def _track_loss(self, loss: Any, x: Any) -> None:
-        """Adds the batch's loss to the ``loss`` tracker as Keras 3's steps do (Keras 2's loss did already).
-
-        The tracker sees the global mean (unscaled for distribution) weighted
-        by batch size, so the epoch value is right for a partial last batch.
-        """
-        tracker = _compat.loss_tracker(self)
-        if _compat.STEP_UPDATES_LOSS_TRACKER and tracker is not None:
-            tracker.update_state(_compat.unscale_loss_for_distribution(loss), sample_weight=_compat.batch_size_of(x))
+        """Adds the batch's loss to the ``loss`` tracker as Keras 3's steps do (Keras 2's loss did already)."""
+        if _compat.STEP_UPDATES_LOSS_TRACKER and _compat.loss_tracker(self) is not None:
+            self._add_to_loss_tracker(loss, _compat.batch_size_of(x))
 
     def _apply_global_gradients(self, grads_and_vars: GradsAndVars, optimizer: Any) -> None:
         """The cross-replica path of :meth:`minimize`: sum, transform the global gradient, apply.

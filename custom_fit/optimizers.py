@@ -25,12 +25,13 @@ from __future__ import annotations
 from collections.abc import ItemsView, Iterator, KeysView, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from custom_fit import _compat
 from custom_fit._compat import keras
 
-__all__ = ["DEFAULT_OPTIMIZER", "UNSET", "NamedOptimizers", "for_compile", "resolve"]
+__all__ = ["DEFAULT_OPTIMIZER", "UNSET", "NamedOptimizers", "for_compile", "group_attribute_optimizers", "resolve"]
 
 #: The optimizer ``keras.Model.compile`` uses when it is given none.
 DEFAULT_OPTIMIZER = "rmsprop"
@@ -74,6 +75,8 @@ class NamedOptimizers(keras.optimizers.Optimizer):
 
     #: Marks the group for ``CustomModel``'s compile (Keras 2 must not wrap it for loss scaling).
     is_optimizer_group = True
+    #: Whether the members are optimizers the model keeps as attributes (a step uses them directly).
+    from_attributes = False
 
     def __init__(
         self,
@@ -134,12 +137,38 @@ class NamedOptimizers(keras.optimizers.Optimizer):
         return list(self._members.values())
 
     @property
-    def learning_rate(self) -> Any:
-        raise _compat.group_learning_rate_error("read or set `model.optimizer[name].learning_rate` instead")
+    def learning_rate(self) -> float:
+        """The first member's learning rate; setting it scales every member's rate by the same factor.
+
+        Keras 3.15's ``LearningRateScheduler`` and ``ReduceLROnPlateau`` act
+        on each member through :attr:`optimizers`. Keras 2 and earlier Keras 3
+        releases read and set one ``learning_rate`` (``lr``); through this
+        property they act on every member and keep the ratios between the
+        members' rates (a multiplicative schedule gives each member exactly
+        what 3.15 gives it).
+        """
+        return _GroupRate(_rate_of(self.optimizers[0]), self)
 
     @learning_rate.setter
     def learning_rate(self, value: Any) -> None:
-        raise _compat.group_learning_rate_error("set `model.optimizer[name].learning_rate` instead")
+        value = float(np.asarray(value))
+        reference = _rate_of(self.optimizers[0])
+        for i, optimizer in enumerate(self.optimizers):
+            scaled = value if i == 0 or reference == 0.0 else _rate_of(optimizer) * (value / reference)
+            optimizer.learning_rate = scaled
+
+    lr = learning_rate  # Keras 2's callbacks use `optimizer.lr`
+
+    def apply_gradients(self, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
+        """Refuses: each member applies its own gradients."""
+        raise ValueError(
+            f"model.optimizer is a group of named optimizers {sorted(self._members)} (compile(optimizer={{...}}) "
+            "or optimizers kept as attributes), which applies no gradients itself. Expected each part of the "
+            "model to be updated by its own optimizer. Fix: self.minimize(loss, tape, variables, "
+            f"optimizer={sorted(self._members)[0]!r}), or self.optimizer[name].apply_gradients(...)."
+        )
+
+    apply = apply_gradients  # Keras 3's `optimizer.apply(gradients, variables)`
 
     # -- compiling ------------------------------------------------------------
 
@@ -195,6 +224,14 @@ class NamedOptimizers(keras.optimizers.Optimizer):
                 "compile another named optimizer for these variables."
             )
         return self._members[name]
+
+    def members_built_on(self, candidates: Sequence[Any]) -> dict[str, list[Any]]:
+        """``{name: the variables among candidates that member was built on}``, for built members."""
+        return {
+            name: _compat.variables_built_on(member, candidates)
+            for name, member in self._members.items()
+            if _compat.optimizer_built(member)
+        }
 
     def count_step(self) -> None:
         """Adds one training step to the group's ``iterations`` (each member counts its own updates)."""
@@ -311,10 +348,20 @@ def resolve(model: Any, optimizer: Any, variables: Sequence[Any] = ()) -> Any:
     if isinstance(compiled, NamedOptimizers):
         if isinstance(optimizer, str):
             return compiled.member_for_step(optimizer, variables, model.trainable_variables)
+        names = sorted(compiled)
+        if optimizer is None:
+            raise ValueError(
+                f"{type(model).__name__} '{model.name}' was compiled with named optimizers {names}, "
+                "but minimize() received optimizer=None, which means the one compiled optimizer "
+                "(CustomModel's own train_step updates all variables that way). Expected a train_step "
+                "that updates each part with its own optimizer. Fix: write one that calls "
+                f"self.minimize(loss, tape, variables, optimizer=name) for each of {names} "
+                "(custom_fit.GAN is an example), or compile a single optimizer."
+            )
         raise ValueError(
             f"{type(model).__name__}.minimize() received optimizer={optimizer!r}; this model was "
-            f"compiled with named optimizers {sorted(compiled)}. Expected one of those names "
-            f"(or an optimizer instance). Fix: pass optimizer={sorted(compiled)[0]!r}."
+            f"compiled with named optimizers {names}. Expected one of those names "
+            f"(or an optimizer instance). Fix: pass optimizer={names[0]!r}."
         )
     if optimizer is None and compiled is not None:
         return compiled
@@ -335,3 +382,43 @@ def resolve(model: Any, optimizer: Any, variables: Sequence[Any] = ()) -> Any:
         "`keras.optimizers.Optimizer` instance. Fix: omit `optimizer=` or "
         "pass the optimizer object itself."
     )
+
+
+class _GroupRate(float):
+    """A group's learning rate as Keras 2's callbacks handle ``optimizer.lr``: a number with ``assign``."""
+
+    dtype = "float32"
+    _group: NamedOptimizers
+
+    def __new__(cls, value: float, group: NamedOptimizers) -> _GroupRate:
+        rate = super().__new__(cls, value)
+        rate._group = group
+        return rate
+
+    def assign(self, value: Any) -> None:
+        self._group.learning_rate = value
+
+    def numpy(self) -> float:
+        return float(self)
+
+
+def _rate_of(optimizer: Any) -> float:
+    return float(np.asarray(optimizer.learning_rate))
+
+
+def group_attribute_optimizers(model: Any) -> None:
+    """Makes the optimizers a model keeps as attributes its ``model.optimizer``, named by attribute.
+
+    The keras.io pattern ``compile(self, d_optimizer, g_optimizer, loss_fn)``
+    stores optimizers as attributes and compiles none; as members of a
+    :class:`NamedOptimizers` group they are scheduled by Keras' learning-rate
+    callbacks, and built before their state is restored. The step keeps
+    using them as attributes. Nothing changes when ``model.optimizer`` is set.
+    """
+    if model.optimizer is not None:
+        return
+    members = {name: value for name, value in vars(model).items() if isinstance(value, keras.optimizers.Optimizer)}
+    if members:
+        group = NamedOptimizers(members)
+        _compat.set_untracked(group, "from_attributes", True)
+        model.optimizer = group

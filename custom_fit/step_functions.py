@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import tensorflow as tf
+
 from custom_fit import _compat
 from custom_fit.logged_values import flat_logs
 from custom_fit.optimizers import NamedOptimizers
@@ -24,7 +26,19 @@ class StepFunctions:
     """Gives ``CustomModel`` the ``make_*_function`` methods Keras' ``fit``/``evaluate``/``predict`` call."""
 
     def make_train_function(self: Any, force: bool = False) -> Callable[..., Any]:
-        """Builds ``self.train_function`` around ``train_step`` (logs flattened, step checked)."""
+        """Builds ``self.train_function`` around ``train_step`` (logs flattened, step checked).
+
+        Both Kerases call it at the start of ``fit``, before any callback. A
+        model never called itself (a GAN, a distiller) is marked built when
+        all its variables exist, and the compiled optimizer is built on the
+        trainable variables, as Keras does under a ``tf.distribute`` strategy:
+        ``BackupAndRestore`` and ``load_model`` build it the same way, so every
+        slot a backup holds finds its variable on restore.
+        """
+        _compat.mark_built_if_complete(self)
+        if self.built and self.optimizer is not None and not _compat.optimizer_built(self.optimizer):
+            with self.distribute_strategy.scope(), tf.init_scope():
+                self.optimizer.build(self.trainable_variables)
         if self.train_function is None or force:
             step = flat_logs(self._checked_train_step)
             self.train_function = _compat.make_step_function(self, step, training=True)
@@ -47,6 +61,7 @@ class StepFunctions:
         """``train_step``, traced under the model's ``StepDiagnostics``; counts steps of named optimizers."""
         with self._diagnostics.tracing_train_step():
             logs = self.train_step(data)
+        _compat.mark_built_if_complete(self)  # sub-models without an input shape are built by now
         if isinstance(self.optimizer, NamedOptimizers):
             self.optimizer.count_step()
         return logs

@@ -54,7 +54,6 @@ if KERAS_2:
         compute_loss_accepts_training,
         count_regularizer_calls,
         gradients_already_summed,
-        group_learning_rate_error,
         has_compiled_loss,
         is_compiled,
         is_functional_call,
@@ -64,6 +63,7 @@ if KERAS_2:
         loss_tracker,
         make_step_function,
         mark_built,
+        mark_built_if_complete,
         optimizer_built,
         random_normal,
         random_uniform,
@@ -74,6 +74,7 @@ if KERAS_2:
         unscale_gradients,
         unscale_loss_for_distribution,
         variable_names,
+        variables_built_on,
         wrap_for_loss_scaling,
     )
 else:
@@ -94,7 +95,6 @@ else:
         compute_loss_accepts_training,
         count_regularizer_calls,
         gradients_already_summed,
-        group_learning_rate_error,
         has_compiled_loss,
         is_compiled,
         is_functional_call,
@@ -104,6 +104,7 @@ else:
         loss_tracker,
         make_step_function,
         mark_built,
+        mark_built_if_complete,
         optimizer_built,
         random_normal,
         random_uniform,
@@ -114,6 +115,7 @@ else:
         unscale_gradients,
         unscale_loss_for_distribution,
         variable_names,
+        variables_built_on,
         wrap_for_loss_scaling,
     )
 

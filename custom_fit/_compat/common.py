@@ -67,6 +67,24 @@ def record_compile_option(model: Any, name: str, value: Any) -> None:
     model._compile_config.config[name] = value
 
 
+def set_built_if_complete(model: Any, layer_class: Any, model_class: Any) -> None:
+    """Sets ``model.built`` when it was never called but every variable it can have exists.
+
+    A GAN, a distiller or a VAE is trained through sub-models its step calls;
+    the model itself is never called, stays unbuilt, and Keras'
+    ``BackupAndRestore`` refuses it and ``save`` warns. When every direct
+    sub-layer is built or has no ``build`` of its own (so creates no
+    variables), and the model has no ``build`` of its own either, Keras'
+    default ``build`` would do nothing but set ``built``. ``layer_class`` and
+    ``model_class`` are that Keras' ``Layer`` and ``Model``.
+    """
+    if model.built or type(model).build is not model_class.build:
+        return
+    layers = model.layers
+    if layers and all(layer.built or type(layer).build is layer_class.build for layer in layers):
+        model.built = True
+
+
 class CountingCall:
     """Wraps a penalty function and counts how often it is computed."""
 

@@ -34,6 +34,7 @@ from tf_keras.src.mixed_precision import loss_scale_optimizer as _lso
 from tf_keras.src.saving import object_registration as _registration
 from tf_keras.src.utils import losses_utils as _losses_utils
 
+from custom_fit._compat import common
 from custom_fit._compat.common import (
     CountingCall,
     explain_xla_errors,
@@ -58,7 +59,6 @@ __all__ = [
     "compute_loss_accepts_training",
     "count_regularizer_calls",
     "gradients_already_summed",
-    "group_learning_rate_error",
     "has_compiled_loss",
     "is_compiled",
     "is_functional_call",
@@ -68,6 +68,7 @@ __all__ = [
     "loss_tracker",
     "make_step_function",
     "mark_built",
+    "mark_built_if_complete",
     "optimizer_built",
     "random_normal",
     "random_uniform",
@@ -78,6 +79,7 @@ __all__ = [
     "unscale_gradients",
     "unscale_loss_for_distribution",
     "variable_names",
+    "variables_built_on",
     "wrap_for_loss_scaling",
 ]
 
@@ -266,6 +268,11 @@ def make_step_function(model: Any, step: Callable[[Any], Any], *, training: bool
     return explain_xla_errors(model, function)
 
 
+def mark_built_if_complete(model: Any) -> None:
+    """Sets ``model.built`` when all its variables exist although it was never called (see ``common``)."""
+    common.set_built_if_complete(model, keras.layers.Layer, keras.Model)
+
+
 # --------------------------------------------------------------------------
 # Optimizers, distribution and mixed precision
 # --------------------------------------------------------------------------
@@ -319,19 +326,16 @@ def loss_scaled(model: Any, optimizer: Any) -> Any:
     return _loss_scaled_twin(optimizer)
 
 
-def group_learning_rate_error(fix: str) -> ValueError:
-    """Reading an optimizer group's single learning rate (``optimizer.lr``).
+def variables_built_on(optimizer: Any, candidates: Any) -> list[Any]:
+    """The candidates ``optimizer`` keeps state for, in the order it was built on them.
 
-    Keras 2's ``ReduceLROnPlateau`` and ``LearningRateScheduler`` change one
-    optimizer's ``lr``; Keras 3's act on every member of ``.optimizers``. A
-    ``ValueError`` (not an ``AttributeError``) so that the callbacks'
-    ``hasattr(optimizer, "lr")`` does not replace it with a vaguer message.
+    (``Optimizer._index_dict`` maps each variable's key to its position; a
+    ``LossScaleOptimizer``'s inner optimizer.)
     """
-    return _needs_keras_3(
-        "One learning rate for named optimizers (what Keras 2's ReduceLROnPlateau and "
-        "LearningRateScheduler read and set as `optimizer.lr`)",
-        f"NamedOptimizers has one learning rate per member: {fix}, e.g. from a callback of your own",
-    )
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    index = getattr(inner, "_index_dict", {})
+    found = [(index[inner._var_key(v)], v) for v in candidates if inner._var_key(v) in index]
+    return [v for _, v in sorted(found, key=lambda pair: pair[0])]
 
 
 # --------------------------------------------------------------------------
@@ -364,11 +368,14 @@ def count_regularizer_calls(model: Any) -> dict[int, CountingCall]:
 
     Keras 2 computes a weight penalty by calling a closure in the layer's
     ``_callable_losses`` when ``layer.losses`` is read; each is wrapped in a
-    counter (once), keyed by its variable.
+    counter (once), keyed by its variable. Runs before the step is traced,
+    when sub-models without an input shape are not built yet: their
+    ``trainable_variables`` would raise, so each layer's own are read.
     """
-    trainable = {id(v) for v in model.trainable_variables}
+    layers = list(model._flatten_layers(include_self=True))
+    trainable = {id(v) for layer in layers if layer.trainable for v in layer._trainable_weights}
     counters: dict[int, CountingCall] = {}
-    for layer in model._flatten_layers(include_self=True):
+    for layer in layers:
         for i, loss in enumerate(layer._callable_losses):
             if not isinstance(loss, _CountingPenalty):
                 variable = _regularized_variable(loss)

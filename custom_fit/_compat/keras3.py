@@ -25,6 +25,7 @@ from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
 from keras.src.saving import object_registration as _registration
 from keras.src.trainers import compile_utils as _compile_utils
 
+from custom_fit._compat import common
 from custom_fit._compat.common import (
     CountingCall,
     explain_xla_errors,
@@ -49,7 +50,6 @@ __all__ = [
     "compute_loss_accepts_training",
     "count_regularizer_calls",
     "gradients_already_summed",
-    "group_learning_rate_error",
     "has_compiled_loss",
     "is_compiled",
     "is_functional_call",
@@ -59,6 +59,7 @@ __all__ = [
     "loss_tracker",
     "make_step_function",
     "mark_built",
+    "mark_built_if_complete",
     "optimizer_built",
     "random_normal",
     "random_uniform",
@@ -69,6 +70,7 @@ __all__ = [
     "unscale_gradients",
     "unscale_loss_for_distribution",
     "variable_names",
+    "variables_built_on",
     "wrap_for_loss_scaling",
 ]
 
@@ -260,6 +262,11 @@ def _reduce_logs(strategy: tf.distribute.Strategy, logs: Any) -> Any:
     return _tf_trainer.reduce_per_replica(logs, strategy, reduction="auto")
 
 
+def mark_built_if_complete(model: Any) -> None:
+    """Sets ``model.built`` when all its variables exist although it was never called (see ``common``)."""
+    common.set_built_if_complete(model, keras.layers.Layer, keras.Model)
+
+
 # --------------------------------------------------------------------------
 # Optimizers, distribution and mixed precision
 # --------------------------------------------------------------------------
@@ -316,9 +323,14 @@ def loss_scaled(model: keras.Model, optimizer: Any) -> Any:
     return _loss_scaled_twin(optimizer)
 
 
-def group_learning_rate_error(fix: str) -> AttributeError:
-    """Reading an optimizer group's single learning rate (Keras 3's callbacks use ``.optimizers``)."""
-    return AttributeError(f"NamedOptimizers has one learning rate per member: {fix}.")
+def variables_built_on(optimizer: Any, candidates: Any) -> list[Any]:
+    """The candidates ``optimizer`` keeps state for, in the order it was built on them.
+
+    (``BaseOptimizer._trainable_variables``; a ``LossScaleOptimizer``'s inner one.)
+    """
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    wanted = {id(v) for v in candidates}
+    return [v for v in inner._trainable_variables if id(v) in wanted]
 
 
 # --------------------------------------------------------------------------
@@ -409,6 +421,9 @@ class TrainerHooks:
             )
 
     def _maybe_symbolic_build(self: Any, iterator: Any = None, data_batch: Any = None) -> None:
+        # Called by fit/evaluate/*_on_batch before anything is built; a model
+        # that is never called itself must not be built symbolically below.
+        mark_built_if_complete(self)
         # Keras builds the model, metrics and optimizer from a first batch when
         # a strategy is set, reducing that batch with `strategy.reduce("MEAN",
         # batch)`. Under MultiWorkerMirroredStrategy that call fails on a
