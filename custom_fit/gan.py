@@ -21,10 +21,19 @@ from custom_fit import _compat, optimizers
 from custom_fit._compat import keras
 from custom_fit.losses import batch_mean, regularization_loss
 from custom_fit.model import CustomModel
+from custom_fit.optimizers import NamedOptimizers
 
 __all__ = ["GAN", "LOSSES", "GenerateSamples", "image_grid"]
 
 LOSSES = ("bce", "hinge", "wgan-gp")
+_ROLES = ("generator", "discriminator")
+# compile() arguments a GAN has no use for: it computes and logs its own losses.
+_UNUSED_COMPILE_ARGUMENTS = ("loss", "loss_weights", "metrics", "weighted_metrics")
+
+
+def _as_names(optimizer: Any) -> list[Any]:
+    """The names of a dict (or group) of optimizers; ``[]`` for a single optimizer."""
+    return list(optimizer) if isinstance(optimizer, (dict, NamedOptimizers)) else []
 
 
 @keras.saving.register_keras_serializable(package="custom_fit")
@@ -117,15 +126,39 @@ class GAN(CustomModel):
                 beta_2=0.9)`` for ``"wgan-gp"``). ``None`` means no optimizer,
                 as for every ``CustomModel``: the GAN can then evaluate and
                 generate, but not train.
-            **kwargs: As for :meth:`CustomModel.compile`.
+            *args: Not accepted (``compile``'s positional ``loss``).
+            **kwargs: As for :meth:`CustomModel.compile` (``steps_per_execution``,
+                ``jit_compile``, ...), except the loss and metrics arguments.
+
+        Raises:
+            ValueError: A loss or metrics are given (the GAN computes and logs
+                its own losses), or ``optimizer`` is not one optimizer per part.
         """
+        given = {name for name in _UNUSED_COMPILE_ARGUMENTS if kwargs.get(name) is not None} | (
+            {"loss"} if args else set()
+        )
+        if given:
+            raise ValueError(
+                f"GAN.compile() received {sorted(given)}, which a GAN does not use: it computes its losses "
+                f"itself (loss={self.loss_name!r} was given to GAN(...)) and logs them as d_loss and g_loss. "
+                "Expected only optimizers and running options. Fix: leave them out of compile(); choose the "
+                "loss with GAN(..., loss='bce' | 'hinge' | 'wgan-gp') or override discriminator_loss / "
+                "generator_loss."
+            )
+        if optimizer is not optimizers.UNSET and optimizer is not None and set(_as_names(optimizer)) != set(_ROLES):
+            raise ValueError(
+                f"GAN.compile() received optimizer={optimizer!r}; a GAN trains two models with two "
+                f"optimizers. Expected a dict with the keys {list(_ROLES)}. Fix: compile(optimizer="
+                "{'generator': keras.optimizers.Adam(2e-4), 'discriminator': keras.optimizers.Adam(2e-4)}), "
+                "or leave optimizer out for the defaults."
+            )
         if optimizer is optimizers.UNSET:
             settings = (
                 dict(learning_rate=1e-4, beta_1=0.0, beta_2=0.9)
                 if self.loss_name == "wgan-gp"
                 else dict(learning_rate=2e-4, beta_1=0.5)
             )
-            optimizer = {role: keras.optimizers.Adam(**settings) for role in ("generator", "discriminator")}
+            optimizer = {role: keras.optimizers.Adam(**settings) for role in _ROLES}
         super().compile(optimizer, *args, **kwargs)
 
     def get_config(self) -> dict[str, Any]:
