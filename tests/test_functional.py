@@ -143,7 +143,7 @@ def test_plain_keras_failed_construction_rewrites_bases():
 
 
 @keras.saving.register_keras_serializable(package="custom_fit_tests")
-class Subclassed(custom_fit.CustomModel):
+class PicklableSubclass(custom_fit.CustomModel):
     """A registered subclass with its own config (pickled through Keras' serialization)."""
 
     def __init__(self, units=8, **kwargs):
@@ -164,7 +164,7 @@ def sequential():
     return custom_fit.CustomSequential([*layers, keras.layers.Dense(parity.N_CLASSES, activation="softmax")])
 
 
-BUILDERS = {"functional": functional, "sequential": sequential, "subclassed": lambda: Subclassed(units=12)}
+BUILDERS = {"functional": functional, "sequential": sequential, "subclassed": lambda: PicklableSubclass(units=12)}
 
 
 def trained(kind):

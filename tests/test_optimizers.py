@@ -186,17 +186,47 @@ def test_regularization_added_does_not_warn():
         fit(model)
 
 
-def test_group_learning_rate_is_per_member():
-    group = custom_fit.NamedOptimizers({"a": "adam"})
-    with pytest.raises(
-        ValueError if custom_fit.KERAS_2 else AttributeError,
-        match=r"one learning rate per member: read or set `model.optimizer\[name\].learning_rate`",
-    ):
-        _ = group.learning_rate
+def test_group_learning_rate_scales_every_member():
+    """What Keras 2's and older Keras 3's LR callbacks read and set: one rate, applied as a factor."""
+    group = custom_fit.NamedOptimizers({"a": keras.optimizers.SGD(0.1), "b": keras.optimizers.Adam(0.4)})
+    assert float(group.learning_rate) == pytest.approx(0.1)
+    group.learning_rate = 0.05  # halves every member
+    assert [float(np.array(o.learning_rate)) for o in group.optimizers] == pytest.approx([0.05, 0.2])
+    group.lr.assign(0.025)  # Keras 2's backend.set_value(optimizer.lr, value)
+    assert [float(np.array(o.learning_rate)) for o in group.optimizers] == pytest.approx([0.025, 0.1])
+    assert float(group.lr) == pytest.approx(0.025)
+
+
+def test_group_errors_say_how_to_fix():
     with pytest.raises(KeyError, match=r"No optimizer named 'b': expected one of \['a'\]"):
-        group["b"]
+        custom_fit.NamedOptimizers({"a": "adam"})["b"]
     with pytest.raises(ValueError, match=r"expected a non-empty dict \{name: optimizer\}, received \{\}"):
         custom_fit.NamedOptimizers({})
+    with pytest.raises(ValueError, match=r"Optimizer names must be non-empty strings, received 3"):
+        custom_fit.NamedOptimizers({3: "adam"})  # type: ignore[dict-item]
+
+
+def test_applying_gradients_with_the_group_names_the_fix():
+    """`self.optimizer.apply_gradients(...)` in a step compiled with named optimizers."""
+
+    class GroupApplies(TwoHeads):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = custom_fit.batch_mean(tf.square(self(x) - y))
+            gradients = tape.gradient(loss, self.trainable_weights)
+            self.optimizer.apply_gradients(zip(gradients, self.trainable_weights, strict=True))
+            return {"loss": loss}
+
+    model = GroupApplies()
+    model.compile(optimizer={"encoder": "adam", "head": "adam"})
+    with pytest.raises(
+        ValueError,
+        match=r"model.optimizer is a group of named optimizers \['encoder', 'head'\].*which applies no gradients "
+        r"itself.*Fix: self.minimize\(loss, tape, variables, optimizer='encoder'\), or "
+        r"self.optimizer\[name\].apply_gradients",
+    ):
+        fit(model)
 
 
 def test_minimize_without_name_on_named_group():
@@ -212,17 +242,19 @@ def test_minimize_without_name_on_named_group():
     model.compile(optimizer={"encoder": "adam", "head": "adam"})
     with pytest.raises(
         ValueError,
-        match=r"received optimizer=None; this model was compiled with named optimizers \['encoder', 'head'\]",
+        match=r"compiled with named optimizers \['encoder', 'head'\], but minimize\(\) received optimizer=None.*"
+        r"Fix: write one that calls self.minimize\(loss, tape, variables, optimizer=name\)",
     ):
         fit(model)
 
 
-def test_group_rejects_bad_names_and_learning_rate_assignment():
-    with pytest.raises(ValueError, match=r"Optimizer names must be non-empty strings, received 3"):
-        custom_fit.NamedOptimizers({3: "adam"})  # type: ignore[dict-item]
-    group = custom_fit.NamedOptimizers({"a": "adam"})
+def test_default_train_step_with_named_optimizers_names_the_fix():
+    class DefaultStep(TwoHeads):
+        train_step = custom_fit.CustomModel.train_step
+
+    model = DefaultStep()
+    model.compile(optimizer={"encoder": "adam", "head": "adam"}, loss="mse")
     with pytest.raises(
-        ValueError if custom_fit.KERAS_2 else AttributeError,
-        match=r"one learning rate per member: (read or )?set `model.optimizer\[name\].learning_rate`",
+        ValueError, match=r"CustomModel's own train_step updates all variables.*compile a single optimizer"
     ):
-        group.learning_rate = 0.1
+        model.fit(X, X[:, :1], batch_size=33, epochs=1, verbose=0)
