@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 JOBS ?= 2
 PYTEST := $(PY) -m pytest -n $(JOBS) --dist loadgroup
 
-.PHONY: install demo test test-keras3 test-keras2 test-fast lint format bench clean
+.PHONY: install demo test test-keras3 test-keras2 test-fast test-compat lint format bench clean
 
 install: $(STAMP)
 
@@ -38,6 +38,25 @@ test-keras2: $(STAMP)
 test-fast: $(STAMP)
 	$(PYTEST) -m "not slow" tests custom_fit
 
+## Extra rows of the support matrix (compat/*.txt): one venv each, the compat subset of the tests.
+COMPAT_ROWS ?= keras-3.8 keras-3.12 tf_keras-2.17
+COMPAT_TESTS := tests/test_model_parity.py tests/test_compiled.py tests/test_optimizers.py tests/test_gan.py \
+	tests/test_model_saving.py tests/test_functional.py tests/test_distribute.py
+STACK_PINS := ^(tensorflow|keras|tf_keras|numpy|h5py|protobuf|tensorboard)==
+test-compat: $(addprefix test-compat-,$(COMPAT_ROWS))
+.PRECIOUS: .venv-compat/%/.installed  # a stamp, not an intermediate file make may delete
+
+.venv-compat/%/.installed: compat/%.txt constraints.txt setup.cfg setup.py pyproject.toml
+	$(PYTHON) -m venv .venv-compat/$*
+	grep -v -E '$(STACK_PINS)' constraints.txt > .venv-compat/$*/tools.txt
+	.venv-compat/$*/bin/python -m pip install --quiet --upgrade pip
+	.venv-compat/$*/bin/python -m pip install --quiet -c compat/$*.txt -c .venv-compat/$*/tools.txt -e ".[test]"
+	touch $@
+
+test-compat-%: .venv-compat/%/.installed
+	$(if $(findstring tf_keras,$*),TF_USE_LEGACY_KERAS=1) .venv-compat/$*/bin/python -m pytest -n $(JOBS) \
+		--dist loadgroup $(COMPAT_TESTS) -k "not two_workers"
+
 ## Lint, format check and type check of the whole tree (CI runs it before the tests).
 lint: $(STAMP)
 	$(PY) -m ruff check .
@@ -55,4 +74,4 @@ bench: $(STAMP)
 	TF_USE_LEGACY_KERAS=1 $(PY) benchmarks/bench.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .venv-compat build *.egg-info

@@ -153,7 +153,7 @@ class LoggedValuesMixin:
                 continue
             result = metric.result()
             results.update(result if isinstance(result, dict) else {metric.name: result})
-        return results
+        return _compat.finish_metrics_result(results)
 
     def _make_logged_value_trackers(self: Any) -> None:
         """Creates the trackers for :attr:`logged_values` (``compile()`` calls it)."""

@@ -58,6 +58,7 @@ __all__ = [
     "compiled_metrics_container",
     "compute_loss_accepts_training",
     "count_regularizer_calls",
+    "finish_metrics_result",
     "gradients_already_summed",
     "has_compiled_loss",
     "is_compiled",
@@ -156,6 +157,11 @@ def logged_value_entries(trackers: list[Any]) -> list[Any]:
     (anything not ending in ``acc``/``accuracy``), so no direction is stored.
     """
     return list(trackers)
+
+
+def finish_metrics_result(results: dict[str, Any]) -> dict[str, Any]:
+    """``results`` as they are: Keras 2's ``get_metrics_result`` returns the metrics' values."""
+    return results
 
 
 def _from_keras_3(obj: Any) -> bool:

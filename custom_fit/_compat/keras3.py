@@ -24,6 +24,7 @@ from keras.src.models import model as _model
 from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
 from keras.src.saving import object_registration as _registration
 from keras.src.trainers import compile_utils as _compile_utils
+from keras.src.utils import python_utils as _python_utils
 
 from custom_fit._compat import common
 from custom_fit._compat.common import (
@@ -49,6 +50,7 @@ __all__ = [
     "compiled_metrics_container",
     "compute_loss_accepts_training",
     "count_regularizer_calls",
+    "finish_metrics_result",
     "gradients_already_summed",
     "has_compiled_loss",
     "is_compiled",
@@ -75,6 +77,7 @@ __all__ = [
 ]
 
 KERAS_VERSION: str = f"keras {keras.version()}"
+_VERSION = tuple(int(part) for part in keras.version().split(".")[:2])
 
 #: Keras 3 optimizers clip each replica's gradient, then sum across replicas.
 CLIPS_AFTER_AGGREGATION = False
@@ -129,6 +132,15 @@ def loss_tracker(model: keras.Model) -> Any:
 def compiled_metrics_container(model: keras.Model) -> Any:
     """The ``CompileMetrics`` object made by ``compile()`` (or ``None``)."""
     return model._compile_metrics
+
+
+def finish_metrics_result(results: dict[str, Any]) -> dict[str, Any]:
+    """What ``Trainer.get_metrics_result`` returns for ``results``: Keras < 3.14 pythonifies them.
+
+    (Floats where they can be, nested dicts flattened, keys sorted; inside a
+    traced step the tensors stay. From 3.14 ``evaluate`` & co. convert.)
+    """
+    return _python_utils.pythonify_logs(results) if _VERSION < (3, 14) else results
 
 
 def check_compile_arguments(model: keras.Model, optimizer: Any, kwargs: dict[str, Any]) -> None:
@@ -338,6 +350,10 @@ def variables_built_on(optimizer: Any, candidates: Any) -> list[Any]:
 # --------------------------------------------------------------------------
 
 
+class _CountingRegularizer(CountingCall, keras.regularizers.Regularizer):
+    """A ``CountingCall`` that Keras < 3.15 accepts as ``variable.regularizer`` (a ``Regularizer``)."""
+
+
 def count_regularizer_calls(model: keras.Model) -> dict[int, CountingCall]:
     """``{id(variable): counter}`` for every regularized trainable variable of ``model``.
 
@@ -350,7 +366,7 @@ def count_regularizer_calls(model: keras.Model) -> dict[int, CountingCall]:
         if variable.regularizer is None:
             continue
         if not isinstance(variable.regularizer, CountingCall):
-            variable.regularizer = CountingCall(variable.regularizer)
+            variable.regularizer = _CountingRegularizer(variable.regularizer)
         counters[id(variable)] = variable.regularizer
     return counters
 
@@ -435,7 +451,7 @@ class TrainerHooks:
         if strategy is None:
             return
         if iterator is not None:
-            for _, _, batches in iterator:
+            for *_, batches in iterator:  # (step, it) before Keras 3.11, then (begin, end, it)
                 data_batch = keras.tree.map_structure(
                     lambda v: (
                         strategy.experimental_local_results(v)[0]
