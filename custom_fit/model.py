@@ -30,7 +30,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from custom_fit import _compat, diagnostics, optimizers
+from custom_fit import _compat, diagnostics, optimizers, step_fusion
 from custom_fit._compat import keras
 from custom_fit.diagnostics import GradsAndVars, StepDiagnostics
 from custom_fit.functional import functional_twin
@@ -45,13 +45,15 @@ from custom_fit.step_functions import StepFunctions
 __all__ = ["CustomModel", "CustomSequential"]
 
 if _compat.KERAS_2:
-    # Keras 2 has its own compiled_loss / compiled_metrics, and no seed generators to save.
+    # Keras 2 has its own compiled_loss / compiled_metrics, no seed generators to save,
+    # and skips batch hooks nobody implements itself.
     _KERAS_3_ONLY: tuple[type, ...] = ()
 else:
     from custom_fit.compiled import CompiledAttributes
+    from custom_fit.fit_loop import FitLoopHooks
     from custom_fit.saving import SavesSeedGeneratorStates
 
-    _KERAS_3_ONLY = (CompiledAttributes, SavesSeedGeneratorStates)
+    _KERAS_3_ONLY = (FitLoopHooks, CompiledAttributes, SavesSeedGeneratorStates)
 
 
 @keras.saving.register_keras_serializable(package="custom_fit")
@@ -126,7 +128,10 @@ class CustomModel(
                 clipping sees the global gradient, as on one device. ``None``
                 (default) keeps what the Keras in use does: Keras 3 clips each
                 replica's gradient, Keras 2 the sum (``False`` raises there).
-            **kwargs: As for ``keras.Model.compile``.
+            **kwargs: As for ``keras.Model.compile``; ``steps_per_execution``
+                may also be ``"auto"``: the number of steps fused per
+                execution is tuned during ``fit`` (see
+                :mod:`custom_fit.step_fusion`).
 
         A subclass whose own ``compile`` (the keras.io GAN pattern) calls
         ``super().compile()`` without an optimizer gets none, not RMSprop.
@@ -142,7 +147,13 @@ class CustomModel(
         options = dict(kwargs, clip_after_aggregation=clip_after_aggregation)
         _compat.check_compile_arguments(self, optimizer, dict(options, loss=args[0]) if args else options)
         optimizer, kwargs = optimizers.for_compile(self, optimizer, kwargs)
+        auto_steps = kwargs.get("steps_per_execution") == step_fusion.AUTO
+        if auto_steps:
+            kwargs["steps_per_execution"] = 1  # what Keras sees; the tuner decides per execution
         super().compile(optimizer, *args, **kwargs)
+        _compat.set_untracked(self, "_steps_tuner", step_fusion.StepsPerExecutionTuner() if auto_steps else None)
+        if auto_steps:
+            _compat.record_compile_option(self, "steps_per_execution", step_fusion.AUTO)
         self._make_logged_value_trackers()
         self.clip_after_aggregation = bool(clip_after_aggregation) or _compat.CLIPS_AFTER_AGGREGATION
         if clip_after_aggregation:

@@ -41,7 +41,8 @@ class StepFunctions:
                 self.optimizer.build(self.trainable_variables)
         if self.train_function is None or force:
             step = flat_logs(self._checked_train_step)
-            self.train_function = _compat.make_step_function(self, step, training=True)
+            tuner = getattr(self, "_steps_tuner", None)  # compile(steps_per_execution="auto")
+            self.train_function = _compat.make_step_function(self, step, training=True, tuner=tuner)
         return self.train_function
 
     def make_test_function(self: Any, force: bool = False) -> Callable[..., Any]:

@@ -26,6 +26,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 from tf_keras.src.engine import functional as _functional
@@ -230,7 +231,9 @@ def unscale_loss_for_distribution(loss: Any) -> Any:
 # --------------------------------------------------------------------------
 
 
-def make_step_function(model: Any, step: Callable[[Any], Any], *, training: bool) -> Callable[[Any], Any]:
+def make_step_function(
+    model: Any, step: Callable[[Any], Any], *, training: bool, tuner: Any = None
+) -> Callable[[Any], Any]:
     """``Model.make_train_function``'s (or ``make_test_function``'s) function in tf_keras 2.21.
 
     The same structure and arithmetic (so results are identical): run ``step``
@@ -239,6 +242,12 @@ def make_step_function(model: Any, step: Callable[[Any], Any], *, training: bool
     inside one ``tf.function``. The training function is also kept as
     ``model.train_tf_function`` (TensorBoard's graph). ``ParameterServerStrategy``'s
     coordinator is not supported.
+
+    The loop reads ``model._steps_per_execution`` (a variable) when it runs,
+    and tf_keras' data handler reads it before each execution to number the
+    steps; with a ``tuner`` (``steps_per_execution="auto"``) each execution
+    reports what it ran and the next one runs what the tuner chose (set
+    between executions, on the main thread, unlike tf_keras' own tuner).
     """
     counter = model._train_counter if training else model._test_counter
 
@@ -257,21 +266,35 @@ def make_step_function(model: Any, step: Callable[[Any], Any], *, training: bool
             outputs, model.distribute_strategy, reduction=model.distribute_reduction_method
         )
 
-    steps = model._steps_per_execution
-    if steps is None or (steps.numpy().item() == 1 and not model.autotune_steps_per_execution):
-        function = one_step
-    else:
+    def multi_step(iterator: Any) -> Any:
+        for _ in tf.range(model._steps_per_execution):
+            outputs = one_step(iterator)
+        return outputs
 
-        def function(iterator: Any) -> Any:
-            for _ in tf.range(model._steps_per_execution):
-                outputs = one_step(iterator)
-            return outputs
+    steps = model._steps_per_execution
+    single = tuner is None and (steps is None or (steps.numpy().item() == 1 and not model.autotune_steps_per_execution))
+    function: Callable[[Any], Any] = one_step if single else multi_step
 
     if not model.run_eagerly:
         function = tf.function(function, reduce_retracing=True)
         if training:
             model.train_tf_function = function
+    if tuner is not None:
+        function = _tuned(model, function, tuner)
     return explain_xla_errors(model, function)
+
+
+def _tuned(model: Any, function: Callable[[Any], Any], tuner: Any) -> Callable[[Any], Any]:
+    """``function`` reporting each execution to ``tuner`` and running its choice next."""
+
+    def tuned_function(iterator: Any) -> Any:
+        steps = int(model._steps_per_execution.numpy())
+        logs = function(iterator)
+        tuner.executed(steps, sync=lambda: [np.asarray(v) for v in tf.nest.flatten(logs)[:1]])
+        model._steps_per_execution.assign(tuner.steps)
+        return logs
+
+    return tuned_function
 
 
 def mark_built_if_complete(model: Any) -> None:

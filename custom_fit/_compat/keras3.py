@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 from keras.src.backend.tensorflow import trainer as _tf_trainer
 from keras.src.losses import loss as _loss_module
@@ -186,7 +187,9 @@ def unscale_loss_for_distribution(loss: Any) -> Any:
 # --------------------------------------------------------------------------
 
 
-def make_step_function(model: keras.Model, step: Callable[[Any], Any], *, training: bool) -> Callable[[Any], Any]:
+def make_step_function(
+    model: keras.Model, step: Callable[[Any], Any], *, training: bool, tuner: Any = None
+) -> Callable[[Any], Any]:
     """Builds the function ``fit`` (``training=True``) or ``evaluate`` calls on an iterator.
 
     The same contract as ``TensorFlowTrainer._make_function``: run ``step``
@@ -208,7 +211,10 @@ def make_step_function(model: keras.Model, step: Callable[[Any], Any], *, traini
     fetching the next batch sits in a ``tf.cond``. The arithmetic is the same,
     so results equal Keras' loop bit for bit where Keras' loop works.
     (``model.unrolled_steps_per_execution`` is not used: one step per
-    iteration.)
+    iteration.) The number of steps is an argument of the traced loop, so a
+    ``tuner`` (``steps_per_execution="auto"``) changes it between executions
+    without a retrace; :func:`custom_fit._compat.keras3_only.tune_epoch_iterator`
+    tells ``fit``'s epoch iterator how many steps each execution ran.
     """
     strategy = model.distribute_strategy
 
@@ -218,13 +224,17 @@ def make_step_function(model: keras.Model, step: Callable[[Any], Any], *, traini
 
     if not model.run_eagerly:
         one_step_on_data = tf.function(one_step_on_data, reduce_retracing=True, jit_compile=model.jit_compile)
-    one_step_on_data = model._autoconvert_optionals(one_step_on_data)
-    steps = model.steps_per_execution
+    autoconvert = getattr(model, "_autoconvert_optionals", None)  # optional inputs, Keras >= 3.12
+    if autoconvert is not None:
+        one_step_on_data = autoconvert(one_step_on_data)
+    fixed_steps = model.steps_per_execution
 
     @tf.autograph.experimental.do_not_convert
-    def multi_step_on_iterator(iterator: Any) -> Any:
-        if steps == 1:
-            return tf.experimental.Optional.from_value(one_step_on_data(iterator.get_next()))
+    def one_step_on_iterator(iterator: Any) -> Any:
+        return tf.experimental.Optional.from_value(one_step_on_data(iterator.get_next()))
+
+    @tf.autograph.experimental.do_not_convert
+    def multi_step_on_iterator(iterator: Any, steps: Any) -> Any:
         # The outputs' structure is known only once the body is traced; like
         # Keras, start from an empty Optional whose spec the body fills in.
         no_outputs = tf.experimental.Optional.empty(None)
@@ -245,16 +255,24 @@ def make_step_function(model: keras.Model, step: Callable[[Any], Any], *, traini
         return outputs
 
     if not model.run_eagerly:
+        one_step_on_iterator = tf.function(one_step_on_iterator, reduce_retracing=True)
         multi_step_on_iterator = tf.function(multi_step_on_iterator, reduce_retracing=True)
 
     def function(iterator: Any) -> Any:
         if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
-            outputs = multi_step_on_iterator(iterator)
+            steps = tuner.planned_steps if tuner is not None else fixed_steps
+            if steps == 1:
+                outputs = one_step_on_iterator(iterator)
+            else:
+                outputs = multi_step_on_iterator(iterator, tf.constant(steps, "int32"))
             if not outputs.has_value():
                 raise StopIteration
-            return outputs.get_value()
+            logs = outputs.get_value()
+            if tuner is not None:
+                tuner.executed(steps, sync=lambda: [np.asarray(v) for v in tf.nest.flatten(logs)[:1]])
+            return logs
         # `train_on_batch` & co. pass a Python generator of batches.
-        for _, data in zip(range(steps), iterator, strict=False):
+        for _, data in zip(range(fixed_steps), iterator, strict=False):
             logs = one_step_on_data(data)
         return logs
 
@@ -440,6 +458,8 @@ class TrainerHooks:
         # Called by fit/evaluate/*_on_batch before anything is built; a model
         # that is never called itself must not be built symbolically below.
         mark_built_if_complete(self)
+        if iterator is not None and hasattr(self, "_epoch_iterator_made"):
+            self._epoch_iterator_made(iterator)  # custom_fit.fit_loop.FitLoopHooks
         # Keras builds the model, metrics and optimizer from a first batch when
         # a strategy is set, reducing that batch with `strategy.reduce("MEAN",
         # batch)`. Under MultiWorkerMirroredStrategy that call fails on a

@@ -21,6 +21,7 @@ __all__ = [
     "compiled_loss_value",
     "seed_generator_states",
     "sum_losses",
+    "tune_epoch_iterator",
 ]
 
 
@@ -67,3 +68,56 @@ def seed_generator_states(model: keras.Model) -> list[Any]:
                 seen.add(id(generator.state))
                 states.append(generator.state)
     return states
+
+
+_VERSION = tuple(int(part) for part in keras.version().split(".")[:2])
+
+
+def tune_epoch_iterator(epoch_iterator: Any, tuner: Any) -> None:
+    """Makes ``fit``'s epoch iterator run as many steps per execution as ``tuner`` plans.
+
+    Keras fixes the steps per execution when ``fit`` starts: its epoch
+    iterator (``EpochIterator._enumerate_iterator``) steps through the epoch
+    in strides of ``steps_per_execution`` and passes the first and last step
+    of each execution to the callbacks. This generator does the same with a
+    stride ``tuner.plan(remaining)`` chooses before each execution, never
+    past the end of the epoch; the rest (data adapter hooks, one iterator per
+    epoch or one kept across epochs with ``steps_per_epoch``, the warning
+    when data runs out) is Keras' own, as of 3.8-3.15 (where the items grew
+    from ``(step, iterator)`` to ``(first, last, iterator)`` in 3.11).
+    """
+    it = epoch_iterator
+
+    def item(first: int, steps: int, iterator: Any) -> tuple[Any, ...]:
+        return (first, first + steps - 1, iterator) if _VERSION >= (3, 11) else (first, iterator)
+
+    def enumerate_iterator() -> Any:
+        it.data_adapter.on_epoch_begin()
+        steps_per_epoch = it.steps_per_epoch or it._num_batches or -1
+        if steps_per_epoch > 0:
+            if it._current_iterator is None or it.steps_per_epoch is None:
+                it._current_iterator = iter(it._get_iterator())
+                it._steps_seen = 0
+            step = 0
+            while step < steps_per_epoch:
+                if it._num_batches and it._steps_seen >= it._num_batches:
+                    if it.steps_per_epoch:
+                        it._interrupted_warning()
+                    break
+                steps = tuner.plan(steps_per_epoch - step)
+                it._steps_seen += steps
+                yield item(step, steps, it._current_iterator)
+                step += steps
+            if it._num_batches and it._steps_seen >= it._num_batches:
+                it._current_iterator = iter(it._get_iterator())
+                it._steps_seen = 0
+        else:  # unknown length: one step per execution
+            iterator = iter(it._get_iterator())
+            step = 0
+            while True:
+                it._steps_seen = step + tuner.plan(None)
+                yield item(step, 1, iterator)
+                step += 1
+        it.data_adapter.on_epoch_end()
+
+    object.__setattr__(epoch_iterator, "_enumerate_iterator", enumerate_iterator)

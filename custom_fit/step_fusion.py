@@ -1,0 +1,136 @@
+"""``compile(steps_per_execution="auto")``: how many steps each execution fuses, tuned during ``fit``.
+
+Fusing steps (running several in one ``tf.function`` call) removes Python and
+callback overhead per step, often 2-3x on small models; the best number
+depends on the model, the batch and the machine, so nobody picks it well by
+hand. With ``"auto"``, :class:`StepsPerExecutionTuner` chooses it while ``fit``
+runs: it measures steps per second over windows of executions that end on
+a host sync (so it measures the device, not the dispatch), doubles the number
+of fused steps while that helps by more than 5%, keeps the best, and probes
+one step up again every 30 s. It runs on the main thread, between
+executions (tf_keras' tuner is a thread that races its data handler).
+
+What changes, and what does not:
+
+* weights, history and every epoch-level callback equal ``steps_per_execution=1``
+  exactly: each step runs the same computation in the same order;
+* an execution never crosses the end of an epoch, so epoch logs and
+  validation are unchanged;
+* batch-level callbacks (``on_train_batch_end``) run once per execution, as with
+  any ``steps_per_execution > 1``: the progress bar advances in jumps and a
+  ``ModelCheckpoint(save_freq=N)`` saves at the first execution end past each
+  N steps;
+* inputs of unknown length (a generator, a ``tf.data`` pipeline without
+  cardinality) run one step per execution;
+* ``evaluate`` and ``predict`` run one step per execution.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["AUTO", "StepsPerExecutionTuner"]
+
+#: The ``compile(steps_per_execution=...)`` value that turns tuning on.
+AUTO = "auto"
+
+
+class StepsPerExecutionTuner:
+    """Chooses the number of steps per execution from measured throughput.
+
+    The model asks :meth:`plan` before each execution and reports it with
+    :meth:`executed` afterwards. Each execution's rate is its steps divided by
+    the time since the previous execution ended (so the loop's and the
+    callbacks' time between executions counts). A window of at least
+    ``window_executions`` executions and ``window_seconds`` ends with
+    ``sync()``, a host read of the last execution's output, so that queued
+    device work is paid inside the window; the window's rate is the median
+    of its executions' rates, so an epoch boundary (validation, checkpoints)
+    or a first trace inside it does not count.
+
+    Args:
+        max_steps: The largest number of steps fused (a power of two).
+        window_executions: The fewest executions a measurement window holds.
+        window_seconds: The shortest measurement window.
+        improvement: The relative gain that counts as better (0.05: 5%).
+        reprobe_seconds: How long a settled choice is kept before one step up
+            is tried again.
+        clock: A monotonic clock in seconds (tests pass their own).
+
+    Example:
+        >>> import custom_fit.step_fusion
+        >>> tuner = custom_fit.step_fusion.StepsPerExecutionTuner(max_steps=8)
+        >>> tuner.plan(remaining=100)
+        1
+        >>> tuner.plan(remaining=None)  # unknown length: one step at a time
+        1
+    """
+
+    def __init__(
+        self,
+        max_steps: int = 256,
+        window_executions: int = 8,
+        window_seconds: float = 0.3,
+        improvement: float = 0.05,
+        reprobe_seconds: float = 30.0,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        if max_steps < 1 or max_steps & (max_steps - 1):
+            raise ValueError(f"max_steps must be a power of two >= 1, received {max_steps}.")
+        self.max_steps = max_steps
+        self.window_executions = window_executions
+        self.window_seconds = window_seconds
+        self.improvement = improvement
+        self.reprobe_seconds = reprobe_seconds
+        self._clock = clock
+        self.steps = 1  # the number a full execution fuses now
+        self.planned_steps = 1  # the number the next execution fuses (set by plan())
+        self._rates: dict[int, float] = {}  # the best measured steps/s per number of fused steps
+        self._settled_at: float | None = None
+        self._last_end: float | None = None
+        self._window: list[float] = []
+        self._window_start = 0.0
+
+    def plan(self, remaining: int | None) -> int:
+        """Decides the next execution: the current choice, at most ``remaining`` steps (``None``: unknown).
+
+        Inputs of unknown length run one step per execution, so that no
+        execution runs into the end of the data.
+        """
+        self.planned_steps = 1 if remaining is None else max(1, min(self.steps, remaining))
+        return self.planned_steps
+
+    def executed(self, steps: int, sync: Callable[[], Any]) -> None:
+        """Records an execution of ``steps`` steps; ``sync`` waits for its results when a window ends."""
+        now = self._clock()
+        if self._last_end is None:  # the first execution (a trace) has nothing to compare with
+            self._last_end = self._window_start = now
+            return
+        self._window.append(steps / max(now - self._last_end, 1e-12))
+        self._last_end = now
+        if len(self._window) < self.window_executions or now - self._window_start < self.window_seconds:
+            return
+        sync()
+        self._choose(statistics.median(self._window))
+        self._window = []
+        self._last_end = self._window_start = self._clock()
+
+    def _choose(self, rate: float) -> None:
+        """Hill climbing over 1, 2, 4, ...: up while it pays, back to the best, re-probe later."""
+        current = self.steps
+        self._rates[current] = rate
+        best = max(self._rates, key=lambda n: self._rates[n])
+        if current > 1 and current // 2 in self._rates and rate < self._rates[current // 2] * (1 + self.improvement):
+            self.steps = best if best != current else current // 2  # doubling did not pay: settle
+            self._settled_at = self._clock()
+        elif self._settled_at is None and current < self.max_steps:
+            self.steps = current * 2  # still climbing
+        elif self._settled_at is not None and current < self.max_steps:
+            if self._clock() - self._settled_at >= self.reprobe_seconds:
+                self._settled_at = None  # try one step up again
+                self.steps = current * 2
+        else:
+            self._settled_at = self._settled_at or self._clock()

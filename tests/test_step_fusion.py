@@ -1,0 +1,145 @@
+"""``compile(steps_per_execution="auto")``: tuned during fit, and training identical to one step at a time."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+
+import numpy as np
+import pytest
+
+import custom_fit
+from custom_fit import keras
+from custom_fit.step_fusion import StepsPerExecutionTuner
+from tests import parity
+
+DATA = parity.classification_data()
+X, Y = np.tile(DATA["x"], (4, 1)), np.tile(DATA["y"], 4)  # 396 samples: 25 batches of 16 (last partial)
+
+
+def fast_tuner() -> StepsPerExecutionTuner:
+    """A tuner that measures every two executions, so that it climbs within a short test."""
+    return StepsPerExecutionTuner(max_steps=8, window_executions=2, window_seconds=0.0, improvement=-1.0)
+
+
+def train(steps_per_execution, verbose=0, epochs=3):
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((parity.N_FEATURES,))
+    hidden = keras.layers.BatchNormalization()(keras.layers.Dense(16, activation="relu")(inputs))
+    outputs = keras.layers.Dense(parity.N_CLASSES, activation="softmax")(keras.layers.Dropout(0.3)(hidden))
+    model = custom_fit.CustomModel(inputs, outputs)
+    model.compile(
+        optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+        steps_per_execution=steps_per_execution,
+    )  # fmt: skip
+    if steps_per_execution == "auto":
+        model._steps_tuner = fast_tuner()  # climbs to 8 within the first epoch (any gain counts)
+    recorder, output = parity.BatchLogRecorder(), io.StringIO()
+    with contextlib.redirect_stdout(output):
+        history = model.fit(
+            X, Y, batch_size=16, epochs=epochs, shuffle=True, verbose=verbose,
+            validation_data=(DATA["x_val"], DATA["y_val"]), callbacks=[recorder],
+        )  # fmt: skip
+    return model, history.history, recorder.logs, output.getvalue()
+
+
+def test_auto_trains_exactly_like_one_step_per_execution():
+    one, one_history, one_logs, _ = train(1)
+    auto, auto_history, auto_logs, _ = train("auto")
+    assert auto._steps_tuner.steps == 8, "the tuner should have fused more steps"
+    deltas = {
+        "weights": parity.max_delta(one.get_weights(), auto.get_weights()),
+        "history": parity.max_delta(one_history, auto_history),
+        "evaluate": parity.max_delta(
+            one.evaluate(DATA["x_val"], DATA["y_val"], verbose=0),
+            auto.evaluate(DATA["x_val"], DATA["y_val"], verbose=0),
+        ),
+    }
+    parity.record('steps_per_execution="auto" vs 1', **deltas)
+    assert deltas == {"weights": 0.0, "history": 0.0, "evaluate": 0.0}
+    assert int(auto.optimizer.iterations) == int(one.optimizer.iterations) == 3 * 25
+    # Batch callbacks run once per execution, on its last step; each epoch ends on step 24.
+    train_steps = [batch for kind, batch, _ in auto_logs if kind == "train"]
+    assert len(train_steps) < len([1 for kind, _, _ in one_logs if kind == "train"]) == 3 * 25
+    epochs: list[list[int]] = [[]]
+    for step in train_steps:
+        if epochs[-1] and step < epochs[-1][-1]:
+            epochs.append([])
+        epochs[-1].append(step)
+    assert len(epochs) == 3 and all(epoch[-1] == 24 and epoch == sorted(set(epoch)) for epoch in epochs)
+
+
+def test_progress_bar_ends_each_epoch_like_one_step():
+    def final_lines(output):
+        output = re.sub(r"\d+(ms|s|us)(/step)?", "T", output)
+        return [line.split("\r")[-1].rstrip() for line in output.split("\n")]
+
+    assert final_lines(train("auto", verbose=1)[3]) == final_lines(train(1, verbose=1)[3])
+
+
+def test_gan_auto_logs_the_same_epoch_means():
+    x = np.random.default_rng(0).normal(size=(200, 2)).astype("float32")
+    histories, weights = [], []
+    for steps in (1, "auto"):
+        keras.utils.set_random_seed(0)
+        generator = keras.Sequential(
+            [keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(2)]
+        )
+        discriminator = keras.Sequential(
+            [keras.Input((2,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)]
+        )
+        gan = custom_fit.GAN(generator, discriminator, latent_dim=4, seed=0)
+        gan.compile(steps_per_execution=steps)
+        if steps == "auto":
+            gan._steps_tuner = fast_tuner()
+        histories.append(gan.fit(x, batch_size=16, epochs=2, verbose=0).history)
+        weights.append(gan.get_weights())
+    assert parity.max_delta(histories[0], histories[1]) == 0.0
+    assert parity.max_delta(weights[0], weights[1]) == 0.0
+
+
+def test_auto_survives_save_and_load(tmp_path):
+    model, _, _, _ = train("auto", epochs=1)
+    model.save(tmp_path / "m.keras")
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    assert loaded.get_compile_config()["steps_per_execution"] == "auto"
+    assert isinstance(loaded._steps_tuner, StepsPerExecutionTuner)
+    loaded.fit(X, Y, batch_size=16, epochs=1, verbose=0)
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def run(tuner, clock, seconds_per_step, executions, overhead=0.01):
+    """Feeds ``tuner`` executions whose time is ``overhead + steps * seconds_per_step(steps)``."""
+    for _ in range(executions):
+        steps = tuner.plan(remaining=1000)
+        clock.now += overhead + steps * seconds_per_step(steps)
+        tuner.executed(steps, sync=lambda: None)
+
+
+def test_tuner_climbs_while_fusing_pays_and_settles_on_the_best():
+    clock = FakeClock()
+    tuner = StepsPerExecutionTuner(max_steps=256, window_executions=4, window_seconds=0.0, clock=clock)
+    # Per-step overhead of 10 ms is amortized by fusing; above 16 steps each step gets slower.
+    run(tuner, clock, lambda steps: 0.001 if steps <= 16 else 0.003, executions=100)
+    assert tuner.steps == 16
+    assert tuner._settled_at is not None
+
+
+def test_tuner_reprobes_after_a_while_and_stays_capped():
+    clock = FakeClock()
+    tuner = StepsPerExecutionTuner(
+        max_steps=8, window_executions=2, window_seconds=0.0, clock=clock, reprobe_seconds=1.0
+    )
+    run(tuner, clock, lambda steps: 0.001, executions=200)  # fusing always pays: up to the cap
+    assert tuner.steps == 8
+    assert tuner.plan(remaining=3) == 3 and tuner.plan(remaining=None) == 1
+    with pytest.raises(ValueError, match="max_steps must be a power of two >= 1, received 6"):
+        StepsPerExecutionTuner(max_steps=6)
