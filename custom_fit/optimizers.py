@@ -137,7 +137,7 @@ class NamedOptimizers(keras.optimizers.Optimizer):
         return list(self._members.values())
 
     @property
-    def learning_rate(self) -> float:
+    def learning_rate(self) -> _GroupRate:
         """The first member's learning rate; setting it scales every member's rate by the same factor.
 
         Keras 3.15's ``LearningRateScheduler`` and ``ReduceLROnPlateau`` act

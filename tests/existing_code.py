@@ -734,7 +734,7 @@ class Pattern:
     """A pattern made for one base class: how to build, compile and fit it."""
 
     name: str
-    cls: type
+    cls: Any  # the pattern's model class (Any: a class made per base class)
     make: Callable[[], Any]
     compile: Callable[[], dict[str, Any]]
     fit: Callable[[], dict[str, Any]]

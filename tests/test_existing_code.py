@@ -101,7 +101,7 @@ def test_save_load_resume_equals_uninterrupted_training(name, tmp_path):
     model = pattern.build(SEED)
     fit(model, pattern, 2)
     model.save(tmp_path / "model.keras")
-    loaded = keras.models.load_model(
+    loaded: Any = keras.models.load_model(
         tmp_path / "model.keras", custom_objects={pattern.cls.__name__: pattern.cls, **pattern.custom_objects}
     )
     assert type(loaded) is pattern.cls
