@@ -1,10 +1,6 @@
-"""The ways of writing a training step that custom_fit is compared with.
+"""The ways of writing a training step that custom_fit is compared with (Keras 3 code).
 
-* ``keras_io_step_model``: the custom ``train_step`` of the current Keras 3 guide
-  ("Customizing what happens in fit()"), on ``keras.Model``.
 * ``tf_function_loop``: a hand-written loop, ``tf.data`` + a ``tf.function`` step.
-* ``eager_per_sample_loop``: the seed tutorials' loop (seeds 000 and 004):
-  Python batching sample by sample and an eager step.
 * ``keras_io_gan``: the keras.io GAN (optimizers as attributes, own ``compile``).
 * ``tf_function_gan_loop``: a hand-written two-optimizer GAN loop.
 """
@@ -16,27 +12,6 @@ from collections.abc import Callable
 import keras
 import numpy as np
 import tensorflow as tf
-
-
-def keras_io_step_model(base: type = keras.Model) -> type:
-    """A ``base`` subclass with the Keras 3 guide's hand-written ``train_step``."""
-
-    class KerasIoStep(base):
-        def train_step(self, data):
-            x, y = data
-            with tf.GradientTape() as tape:
-                y_pred = self(x, training=True)
-                loss = self.compute_loss(y=y, y_pred=y_pred)
-            gradients = tape.gradient(loss, self.trainable_variables)
-            self.optimizer.apply(gradients, self.trainable_variables)
-            for metric in self.metrics:
-                if metric.name == "loss":
-                    metric.update_state(loss)
-                else:
-                    metric.update_state(y, y_pred)
-            return {m.name: m.result() for m in self.metrics}
-
-    return KerasIoStep
 
 
 def tf_function_loop(model: keras.Model, batch_size: int) -> Callable[[np.ndarray, np.ndarray], None]:
@@ -61,31 +36,6 @@ def tf_function_loop(model: keras.Model, batch_size: int) -> Callable[[np.ndarra
         train_accuracy.reset_state()
         for xb, yb in tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size):
             train_step(xb, yb)
-
-    return run_epoch
-
-
-def eager_per_sample_loop(model: keras.Model, batch_size: int) -> Callable[[np.ndarray, np.ndarray], None]:
-    """``run_epoch(x, y)``: the seed tutorials' loop, batching in Python, eager step."""
-    loss_fn = keras.losses.SparseCategoricalCrossentropy()
-    optimizer = keras.optimizers.Adam()
-
-    def train_step(features, labels):
-        with tf.GradientTape() as tape:
-            predictions = model(features)
-            loss = loss_fn(labels, predictions)
-        gradients = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
-        return loss
-
-    def run_epoch(x, y):
-        x_batch, y_batch = [], []
-        for step, (xi, yi) in enumerate(zip(x, y, strict=True)):
-            x_batch.append(xi)
-            y_batch.append(yi)
-            if step % batch_size == batch_size - 1:
-                train_step(np.array(x_batch, dtype=np.float32), np.array(y_batch, dtype=np.float32))
-                x_batch, y_batch = [], []
 
     return run_epoch
 

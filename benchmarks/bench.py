@@ -1,32 +1,75 @@
-"""Throughput of custom_fit against keras.Model.fit and hand-written loops, measured side by side.
+"""Throughput of custom_fit against keras.Model.fit and a hand-written loop, by paired, interleaved rounds.
 
-Run ``make bench`` (or ``python benchmarks/bench.py [--quick] [--out DIR]``). With
-``TF_USE_LEGACY_KERAS=1`` it measures on Keras 2 (tf_keras): ``CustomModel.fit``
-against tf_keras' ``Model.fit`` only (the keras.io step and GAN and the
-hand-written loops are Keras 3 code), into ``OUT/results_keras2.*``.
+Run ``make bench`` (or ``python benchmarks/bench.py [--quick] [--only aa ...] [--threads T] [--out DIR]``).
+With ``TF_USE_LEGACY_KERAS=1`` it measures on Keras 2 (tf_keras) into ``OUT/results_keras2.*``.
 
-Every variant of a workload is built and warmed up (one untimed epoch: tracing,
-optimizer creation), then the variants run one timed epoch each, in turn,
-``--repeats`` times (A B C A B C ...), so that load on a shared machine hits
-them alike. Reported: median samples/s and spread (min-max) per variant, the
-median of the per-round ratios to ``keras.Model.fit`` (each ratio from the
-same round), and the peak resident-memory growth while the variant ran (one
-process, so approximate). Results go to ``OUT/results.json``, ``OUT/results.md``
-and ``OUT/throughput.png``.
+Method, built to resolve a 2% difference in throughput on a shared machine:
+
+* **Threads.** Before TensorFlow does any work, its intra-op and inter-op thread pools
+  are pinned to ``--threads`` threads (default 1), so that every variant gets the same
+  parallelism and a neighbour's load changes less; the values are recorded under
+  ``threads`` (``pinned`` is false where the runtime was already running, e.g. inside
+  a test process). ``tf.data``'s own threads and Python are not covered by the pin.
+* **Samples.** A workload trains one model several ways (its *variants*). Each variant
+  is built once (same seed, same data) and warmed up by one untimed run (tracing,
+  optimizer creation). A *sample* is then one timed call of the variant's ``run()``:
+  one epoch over a fixed dataset of N training examples (``fit(..., epochs=1,
+  verbose=0, shuffle=False)`` or one pass of the hand-written loop), N chosen per
+  workload so that a run takes about 0.5-1.5 s on a 2-core CPU with one thread. Each
+  sample records wall time (``time.perf_counter``) and process CPU time
+  (``time.process_time``, all threads); ``gc.collect()`` runs, untimed, before each.
+  "samples/s" in the results counts training examples: N / wall time.
+* **Paired rounds in random order.** In each round every variant runs one sample,
+  in an order shuffled anew each round (seeded ``random.Random``, ``--seed``), so
+  slow phases of a shared machine and position effects fall on all variants alike.
+  Within a round, the ratio of variant V to reference R is the throughput ratio
+  ``(N / t_V) / (N / t_R) = t_R / t_V`` (> 1: V is faster than R). Pairing within a
+  round cancels the load that both saw.
+* **Statistics.** Over the rounds, the log ratios ``log(t_R / t_V)`` are averaged;
+  the reported ratio is their geometric mean ``exp(mean)``, with the 95% confidence
+  interval ``exp(mean ± h)``, ``h = t(0.975, n - 1) * sd / sqrt(n)`` (Student's t
+  quantile for n rounds), and the median of the per-round ratios. The same is done
+  for CPU time (``cpu_ratio_*``), which is less sensitive to waiting for a busy core
+  but blind to idle time.
+* **Stop rule.** After at least ``--min-rounds`` rounds (default 8), rounds stop
+  once every wall-time ratio the workload reports (each variant to the reference
+  and to the hand-written loop) has ``h <= log(1.02)``, i.e. its 95% CI lies within
+  ±2% of its geometric mean; or at ``--max-rounds`` (default 60), or when the
+  workload has run ``--max-seconds`` (default 600). ``ci_target_met`` says whether
+  a variant's wall-time CIs reached that width; ``stopped_by`` why rounds stopped.
+* **A/A check.** The workload "A/A (keras.Model.fit vs itself)" builds the MLP's
+  ``keras.Model.fit`` variant twice (two identical, independently built models) and
+  measures one against the other like any variant. The true ratio is 1, so the
+  expected result is 1.00 within ±0.02, with a CI that contains 1 (a 95% CI misses
+  in one run out of twenty by chance). A larger deviation is a bias of the method
+  or of the machine (position, memory layout, load), and differences of that size
+  elsewhere in the same run cannot be trusted.
+
+Per workload (Keras 3), the variants are ``keras.Model.fit`` (the reference; the
+keras.io GAN on ``keras.Model`` for the GAN), ``CustomModel.fit`` (``custom_fit.GAN``),
+the same with ``compile(steps_per_execution="auto")`` (recorded as unavailable, with
+the error, where that option fails) and the hand-written ``tf.function`` loop of
+``benchmarks/baselines.py`` (``ratio_to_loop`` is relative to it). On Keras 2 the
+keras.io GAN and the loops (Keras 3 code) are left out. Results go to
+``OUT/results.json``, ``OUT/results.md`` and ``OUT/throughput.png``.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import math
 import os
 import platform
+import random
 import statistics
 import sys
-import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -40,32 +83,94 @@ from custom_fit import keras
 HERE = Path(__file__).resolve().parent
 KERAS_2 = custom_fit.KERAS_VERSION.startswith("tf_keras")
 STEM = "results_keras2" if KERAS_2 else "results"
+CI_TARGET = 0.02  # relative half-width of the 95% CI of every wall-time ratio
+AUTO = 'steps_per_execution="auto"'
+
+Run = Callable[[], object]  # trains on a workload's N examples once
+Builder = Callable[[], Run]  # builds and compiles a variant's model, returns its run()
+
+# Student's t quantiles t(0.975, df) for df = 1..60 (two-sided 95%), to 4 decimals. Hand-written
+# because scipy is not a dependency of this project (nor of its venv) and a 60-entry table is all
+# the confidence intervals need; values computed from the regularized incomplete beta function.
+_T_975 = (
+    12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622, 2.2281,
+    2.2010, 2.1788, 2.1604, 2.1448, 2.1314, 2.1199, 2.1098, 2.1009, 2.0930, 2.0860,
+    2.0796, 2.0739, 2.0687, 2.0639, 2.0595, 2.0555, 2.0518, 2.0484, 2.0452, 2.0423,
+    2.0395, 2.0369, 2.0345, 2.0322, 2.0301, 2.0281, 2.0262, 2.0244, 2.0227, 2.0211,
+    2.0195, 2.0181, 2.0167, 2.0154, 2.0141, 2.0129, 2.0117, 2.0106, 2.0096, 2.0086,
+    2.0076, 2.0066, 2.0057, 2.0049, 2.0040, 2.0032, 2.0025, 2.0017, 2.0010, 2.0003,
+)  # fmt: skip
+_Z_975 = 1.959963984540054
 
 
-class PeakMemory:
-    """Samples this process' resident memory every 5 ms; ``peak_mb`` is the growth over the start."""
+def t_quantile_975(df: int) -> float:
+    """The 0.975 quantile of Student's t distribution with ``df`` degrees of freedom.
 
-    def __enter__(self):
-        self.start = self.peak = _rss_bytes()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
+    Args:
+        df: Degrees of freedom, at least 1.
 
-    def _sample(self):
-        while not self._stop.wait(0.005):
-            self.peak = max(self.peak, _rss_bytes())
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, _rss_bytes())
-        self.peak_mb = (self.peak - self.start) / 2**20
+    Returns:
+        The table value for ``df <= 60``; beyond, the normal quantile with the first two
+        Cornish-Fisher terms (within 2e-5 of the exact value there).
+    """
+    if df < 1:
+        raise ValueError(f"t_quantile_975 expected df >= 1, received {df}")
+    if df <= len(_T_975):
+        return _T_975[df - 1]
+    z = _Z_975
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
 
 
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+def ratio_stats(log_ratios: Sequence[float]) -> dict[str, Any]:
+    """Geometric mean, median and 95% CI of per-round ratios, from their logarithms.
+
+    Args:
+        log_ratios: ``log(t_reference / t_variant)`` for each round; at least two.
+
+    Returns:
+        ``geomean`` (``exp`` of the mean log), ``median`` (``exp`` of the median log,
+        i.e. the median ratio), ``ci`` (``[low, high]``, the t interval of the mean log,
+        exponentiated) and ``half_width`` (of that interval, in log units).
+    """
+    n = len(log_ratios)
+    mean = statistics.fmean(log_ratios)
+    half = t_quantile_975(n - 1) * statistics.stdev(log_ratios) / math.sqrt(n)
+    return {
+        "geomean": math.exp(mean),
+        "median": math.exp(statistics.median(log_ratios)),
+        "ci": [math.exp(mean - half), math.exp(mean + half)],
+        "half_width": half,
+    }
+
+
+IDENTITY = {"geomean": 1.0, "median": 1.0, "ci": [1.0, 1.0], "half_width": 0.0}
+
+
+def pin_threads(threads: int) -> dict[str, Any]:
+    """Sets TensorFlow's intra-op and inter-op thread pools to ``threads`` (0: TensorFlow's default).
+
+    Args:
+        threads: Threads per pool.
+
+    Returns:
+        ``requested``, the ``intra_op`` and ``inter_op`` values in effect, ``pinned`` (they
+        are the requested ones) and ``note`` (why not, e.g. the runtime was already running).
+    """
+    note = None
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+    except RuntimeError as error:  # the runtime is initialized: pools are fixed for this process
+        note = str(error)
+    intra = tf.config.threading.get_intra_op_parallelism_threads()
+    inter = tf.config.threading.get_inter_op_parallelism_threads()
+    return {
+        "requested": threads,
+        "intra_op": intra,
+        "inter_op": inter,
+        "pinned": intra == threads and inter == threads,
+        "note": note,
+    }
 
 
 # -- workloads ------------------------------------------------------------------
@@ -90,40 +195,8 @@ def small_mlp(base: type) -> keras.Model:
     return base(inputs, keras.layers.Dense(10, activation="softmax")(h))
 
 
-def classification_data(kind: str, n: int):
-    rng = np.random.default_rng(0)
-    if kind == "cnn":
-        return rng.random((n, 32, 32, 3), dtype=np.float32), rng.integers(0, 100, n).astype("int32")
-    return rng.normal(size=(n, 16)).astype("float32"), rng.integers(0, 10, n).astype("int32")
-
-
-def fit_variant(build: Callable, base: type, x, y, batch: int, **compile_kwargs) -> Callable[[], None]:
-    keras.utils.set_random_seed(0)
-    model = build(base)
-    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"], **compile_kwargs)
-    return lambda: model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False)
-
-
-def classification_variants(kind: str, n: int, batch: int, eager_n: int) -> dict:
-    """The five ways of training the same model; each entry: (run_epoch, samples per epoch)."""
-    from benchmarks import baselines  # Keras 3 code
-
-    build = seed_cnn if kind == "cnn" else small_mlp
-    x, y = classification_data(kind, n)
-    keras.utils.set_random_seed(0)
-    loop = baselines.tf_function_loop(build(keras.Model), batch)
-    keras.utils.set_random_seed(0)
-    eager = baselines.eager_per_sample_loop(build(keras.Model), batch)
-    return {
-        "keras.Model.fit": (fit_variant(build, keras.Model, x, y, batch), n),
-        "CustomModel.fit": (fit_variant(build, custom_fit.CustomModel, x, y, batch), n),
-        "keras.io train_step": (fit_variant(build, baselines.keras_io_step_model(), x, y, batch), n),
-        "tf.function loop": (lambda: loop(x, y), n),
-        "eager per-sample loop (seeds)": (lambda: eager(x[:eager_n], y[:eager_n]), eager_n),
-    }
-
-
 def gan_parts(latent: int) -> tuple[keras.Model, keras.Model]:
+    """The digits GAN's generator (latent -> 64) and discriminator (64 -> logit)."""
     generator = keras.Sequential(
         [
             keras.Input((latent,)),
@@ -138,132 +211,247 @@ def gan_parts(latent: int) -> tuple[keras.Model, keras.Model]:
     return generator, discriminator
 
 
-def gan_variants(n_repeat: int, batch: int) -> dict:
+@dataclass
+class Workload:
+    """One model trained several ways on the same data.
+
+    Attributes:
+        title: The name in the results.
+        samples: Training examples per run (N).
+        reference: The variant every ratio_to_reference is relative to.
+        loop: The variant every ratio_to_loop is relative to (None: no loop).
+        builders: Variant name -> builder, in report order.
+    """
+
+    title: str
+    samples: int
+    reference: str
+    loop: str | None
+    builders: dict[str, Builder]
+
+
+def fit_builder(build: Callable[[type], keras.Model], base: type, x, y, batch: int, **compile_kwargs) -> Builder:
+    """A builder of ``build(base)``, compiled as the seeds do, whose run is one ``fit`` epoch."""
+
+    def make() -> Run:
+        keras.utils.set_random_seed(0)
+        model = build(base)
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"], **compile_kwargs)
+        return lambda: model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False)
+
+    return make
+
+
+def classification(kind: str, n: int, batch: int = 32) -> Workload:
+    """The CNN or MLP workload: keras.Model.fit, CustomModel.fit (twice) and, on Keras 3, the loop."""
+    build = seed_cnn if kind == "cnn" else small_mlp
+    rng = np.random.default_rng(0)
+    if kind == "cnn":
+        x, y = rng.random((n, 32, 32, 3), dtype=np.float32), rng.integers(0, 100, n).astype("int32")
+        title = "cnn (seed 000: 32x32x3, 100 classes, batch 32)"
+    else:
+        x, y = rng.normal(size=(n, 16)).astype("float32"), rng.integers(0, 10, n).astype("int32")
+        title = "mlp (16-32-10, batch 32)"
+    builders = {
+        "keras.Model.fit": fit_builder(build, keras.Model, x, y, batch),
+        "CustomModel.fit": fit_builder(build, custom_fit.CustomModel, x, y, batch),
+        f"CustomModel.fit, {AUTO}": fit_builder(build, custom_fit.CustomModel, x, y, batch, steps_per_execution="auto"),
+    }
+    if KERAS_2:
+        return Workload(title, n, "keras.Model.fit", None, builders)
+
+    def loop() -> Run:
+        from benchmarks import baselines  # Keras 3 code
+
+        keras.utils.set_random_seed(0)
+        run_epoch = baselines.tf_function_loop(build(keras.Model), batch)
+        return lambda: run_epoch(x, y)
+
+    return Workload(title, n, "keras.Model.fit", "tf.function loop", {**builders, "tf.function loop": loop})
+
+
+def gan(n: int, batch: int = 64, latent: int = 16) -> Workload:
+    """The digits GAN (Keras 3): keras.io GAN, custom_fit.GAN (twice) and the hand-written loop."""
     from sklearn.datasets import load_digits
 
     from benchmarks import baselines  # Keras 3 code
 
-    x = np.tile((load_digits().data / 8.0 - 1.0).astype("float32"), (n_repeat, 1))
-    latent = 16
-    keras.utils.set_random_seed(0)
-    gan = custom_fit.GAN(*gan_parts(latent), latent, seed=0)
-    gan.compile()
-    keras.utils.set_random_seed(0)
-    generator, discriminator = gan_parts(latent)
-    io_gan = baselines.keras_io_gan()(discriminator=discriminator, generator=generator, latent_dim=latent)
-    io_gan.compile(
-        d_optimizer=keras.optimizers.Adam(2e-4, beta_1=0.5),
-        g_optimizer=keras.optimizers.Adam(2e-4, beta_1=0.5),
-        loss_fn=keras.losses.BinaryCrossentropy(from_logits=True),
+    digits = (load_digits().data / 8.0 - 1.0).astype("float32")
+    x = np.tile(digits, (-(-n // len(digits)), 1))[:n]
+
+    def keras_io() -> Run:
+        keras.utils.set_random_seed(0)
+        generator, discriminator = gan_parts(latent)
+        model = baselines.keras_io_gan()(discriminator=discriminator, generator=generator, latent_dim=latent)
+        model.compile(
+            d_optimizer=keras.optimizers.Adam(2e-4, beta_1=0.5),
+            g_optimizer=keras.optimizers.Adam(2e-4, beta_1=0.5),
+            loss_fn=keras.losses.BinaryCrossentropy(from_logits=True),
+        )
+        return lambda: model.fit(x, batch_size=batch, epochs=1, verbose=0, shuffle=False)
+
+    def custom(**compile_kwargs) -> Builder:
+        def make() -> Run:
+            keras.utils.set_random_seed(0)
+            model = custom_fit.GAN(*gan_parts(latent), latent, seed=0)
+            model.compile(**compile_kwargs)
+            return lambda: model.fit(x, batch_size=batch, epochs=1, verbose=0, shuffle=False)
+
+        return make
+
+    def loop() -> Run:
+        keras.utils.set_random_seed(0)
+        run_epoch = baselines.tf_function_gan_loop(*gan_parts(latent), latent, batch)
+        return lambda: run_epoch(x)
+
+    builders = {
+        "keras.io GAN (keras.Model)": keras_io,
+        "custom_fit.GAN": custom(),
+        f"custom_fit.GAN, {AUTO}": custom(steps_per_execution="auto"),
+        "tf.function GAN loop": loop,
+    }
+    return Workload(
+        "digits GAN (MLP, batch 64, two optimizers)", n, "keras.io GAN (keras.Model)", "tf.function GAN loop", builders
     )
-    keras.utils.set_random_seed(0)
-    loop = baselines.tf_function_gan_loop(*gan_parts(latent), latent, batch)
-    n = len(x)
-    return {
-        "keras.io GAN (keras.Model)": (lambda: io_gan.fit(x, batch_size=batch, epochs=1, verbose=0, shuffle=False), n),
-        "custom_fit.GAN": (lambda: gan.fit(x, batch_size=batch, epochs=1, verbose=0, shuffle=False), n),
-        "tf.function GAN loop": (lambda: loop(x), n),
-    }
 
 
-def options_variants(kind: str, n: int, batch: int, **compile_kwargs) -> dict:
-    """keras.Model.fit vs CustomModel.fit under one compile setting."""
-    build = seed_cnn if kind == "cnn" else small_mlp
-    x, y = classification_data(kind, n)
-    return {
-        "keras.Model.fit": (fit_variant(build, keras.Model, x, y, batch, **compile_kwargs), n),
-        "CustomModel.fit": (fit_variant(build, custom_fit.CustomModel, x, y, batch, **compile_kwargs), n),
+def aa(n: int, batch: int = 32) -> Workload:
+    """The A/A check: the MLP's keras.Model.fit, built twice, against itself."""
+    mlp = classification("mlp", n, batch).builders["keras.Model.fit"]
+    builders = {"keras.Model.fit (A)": mlp, "keras.Model.fit (B)": mlp}
+    return Workload("A/A (keras.Model.fit vs itself)", n, "keras.Model.fit (A)", None, builders)
+
+
+def sizes(quick: bool) -> dict[str, int]:
+    """Training examples per run (N) for each workload."""
+    if quick:
+        return dict(cnn=64, mlp=256, gan=256)
+    # About 1 s per run of the reference with one thread on an idle 2-core AMD EPYC (0.3-1.5 s across
+    # variants; 2-3 s when the machine is loaded); multiples of the batch size (no partial batch).
+    return dict(cnn=2560, mlp=32768, gan=32768)
+
+
+def workloads(quick: bool) -> dict[str, Callable[[], Workload]]:
+    """The workloads of this Keras, by ``--only`` key, in run order (the A/A check first)."""
+    s = sizes(quick)
+    result: dict[str, Callable[[], Workload]] = {
+        "aa": lambda: aa(s["mlp"]),
+        "cnn": lambda: classification("cnn", s["cnn"]),
+        "mlp": lambda: classification("mlp", s["mlp"]),
     }
+    if not KERAS_2:
+        result["gan"] = lambda: gan(s["gan"])
+    return result
 
 
 # -- measurement ----------------------------------------------------------------
 
 
-def measure(variants: dict, repeats: int, reference: str) -> dict:
-    """Warm up every variant, then time them interleaved; summarize per variant."""
-    for run, _ in variants.values():
-        run()
-    rates: dict[str, list[float]] = {name: [] for name in variants}
-    memory = dict.fromkeys(variants, 0.0)
-    for _ in range(repeats):
-        for name, (run, samples) in variants.items():
-            with PeakMemory() as peak:
-                start = time.perf_counter()
-                run()
-                seconds = time.perf_counter() - start
-            rates[name].append(samples / seconds)
-            memory[name] = max(memory[name], peak.peak_mb)
-    summary = {}
-    for name, values in rates.items():
-        ratios = [a / b for a, b in zip(values, rates[reference], strict=True)]
-        summary[name] = {
-            "samples_per_s_median": statistics.median(values),
-            "samples_per_s_min": min(values),
-            "samples_per_s_max": max(values),
-            "ratio_to_reference_median": statistics.median(ratios),
-            "ratio_to_reference_min": min(ratios),
-            "ratio_to_reference_max": max(ratios),
-            "peak_rss_growth_mb": memory[name],
-            "runs": values,
-        }
-    return {"reference": reference, "repeats": repeats, "variants": summary}
+def measure(workload: Workload, settings: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+    """Builds and warms up the variants, runs rounds until the stop rule, summarizes.
 
+    Args:
+        workload: What to measure.
+        settings: ``min_rounds``, ``max_rounds`` and ``max_seconds``.
+        rng: Shuffles the order of the variants in each round.
 
-def sizes(quick: bool) -> dict:
-    if quick:
-        return dict(repeats=1, cnn_n=128, mlp_n=512, eager_n=64, gan_repeat=1, spe=(1, 4))
-    # Timed epochs of 1-3 s, so that scheduler noise on a shared machine stays small.
-    return dict(repeats=9, cnn_n=8192, mlp_n=49152, eager_n=2048, gan_repeat=16, spe=(1, 4, 16, 64))
-
-
-def run_all(quick: bool) -> dict:
-    s = sizes(quick)
-    workloads = {}
-    for kind, n, title in (
-        ("cnn", s["cnn_n"], "cnn (seed 000: 32x32x3, 100 classes, batch 32)"),
-        ("mlp", s["mlp_n"], "mlp (16-32-10, batch 32)"),
-    ):
-        variants = options_variants(kind, n, 32) if KERAS_2 else classification_variants(kind, n, 32, s["eager_n"])
-        workloads[title] = measure(variants, s["repeats"], "keras.Model.fit")
-    if not KERAS_2:
-        workloads["digits GAN (MLP, batch 64, two optimizers)"] = measure(
-            gan_variants(s["gan_repeat"], 64), s["repeats"], "keras.io GAN (keras.Model)"
-        )
-    for spe in s["spe"]:
-        workloads[f"mlp, steps_per_execution={spe}"] = measure(
-            options_variants("mlp", s["mlp_n"], 32, steps_per_execution=spe), s["repeats"], "keras.Model.fit"
-        )
-    for kind, n in (("mlp", s["mlp_n"]), ("cnn", s["cnn_n"])):
-        workloads[f"{kind}, jit_compile=True"] = measure(
-            options_variants(kind, n, 32, jit_compile=True), s["repeats"], "keras.Model.fit"
-        )
-    return workloads
-
-
-def recheck(names: list[str], repeats: int) -> dict:
-    """Longer interleaved A/B runs for the named option workloads (e.g. ones below target)."""
-    s = sizes(False)
-    builders = {
-        f"mlp, steps_per_execution={spe}": ("mlp", s["mlp_n"], dict(steps_per_execution=spe)) for spe in s["spe"]
-    }
-    builders.update(
-        {
-            f"{kind}, jit_compile=True": (kind, n, dict(jit_compile=True))
-            for kind, n in (("mlp", s["mlp_n"]), ("cnn", s["cnn_n"]))
-        }
-    )
-    unknown = [n for n in names if n not in builders]
-    if unknown:
-        raise SystemExit(f"--recheck expected workload names from {sorted(builders)}, received {unknown}")
+    Returns:
+        The workload's entry of ``results["workloads"]``.
+    """
+    started = time.perf_counter()
+    runs: dict[str, Run] = {}
+    errors: dict[str, str] = {}
+    for name, build in workload.builders.items():
+        try:
+            run = build()
+            run()  # warm-up, untimed: tracing, optimizer and data-adapter creation
+        except Exception as error:  # an option not (yet) supported: reported, not fatal
+            if name in (workload.reference, workload.loop):
+                raise
+            errors[name] = f"{type(error).__name__}: {error}"[:2000]
+            print(f"  {name}: unavailable ({errors[name].splitlines()[0][:200]})", flush=True)
+            continue
+        runs[name] = run
+    wall: dict[str, list[float]] = {name: [] for name in runs}
+    cpu: dict[str, list[float]] = {name: [] for name in runs}
+    bases = [b for b in (workload.reference, workload.loop) if b is not None]
+    rounds, stopped_by = 0, ""
+    while not stopped_by:
+        order = list(runs)
+        rng.shuffle(order)
+        for name in order:
+            gc.collect()
+            cpu_start, wall_start = time.process_time(), time.perf_counter()
+            runs[name]()
+            wall[name].append(time.perf_counter() - wall_start)
+            cpu[name].append(time.process_time() - cpu_start)
+        rounds += 1
+        if rounds < 2:  # a CI needs two rounds
+            continue
+        widths = [
+            ratio_stats(log_ratios(wall, base, name))["half_width"] for base in bases for name in runs if name != base
+        ]
+        worst = max(widths, default=0.0)
+        print(f"  round {rounds}: widest wall-time CI ±{math.expm1(worst):.1%}", flush=True)
+        if rounds >= settings["min_rounds"] and worst <= math.log1p(CI_TARGET):
+            stopped_by = "ci_target"
+        elif rounds >= settings["max_rounds"]:
+            stopped_by = "max_rounds"
+        elif time.perf_counter() - started >= settings["max_seconds"]:
+            stopped_by = "max_seconds"
+    variants = {}
+    for name in workload.builders:
+        if name in errors:
+            variants[name] = {"available": False, "error": errors[name]}
+        else:
+            variants[name] = summarize(name, workload, wall, cpu)
     return {
-        name: measure(
-            options_variants(builders[name][0], builders[name][1], 32, **builders[name][2]), repeats, "keras.Model.fit"
-        )
-        for name in names
+        "reference": workload.reference,
+        "loop": workload.loop,
+        "samples_per_run": workload.samples,
+        "rounds": rounds,
+        "stopped_by": stopped_by,
+        "ci_target_met": all(v.get("ci_target_met", True) for v in variants.values()),
+        "seconds": time.perf_counter() - started,
+        "variants": variants,
     }
+
+
+def log_ratios(times: dict[str, list[float]], base: str, name: str) -> list[float]:
+    """Per-round ``log(t_base / t_name)``: the log of name's throughput relative to base's."""
+    return [math.log(b / t) for b, t in zip(times[base], times[name], strict=True)]
+
+
+def summarize(name: str, workload: Workload, wall: dict[str, list[float]], cpu: dict[str, list[float]]) -> dict:
+    """One variant's entry: throughput, its ratios to the reference and the loop, and the raw times."""
+    entry: dict[str, Any] = {
+        "available": True,
+        "error": None,
+        "samples_per_s_median": statistics.median(workload.samples / t for t in wall[name]),
+        "wall_s_median": statistics.median(wall[name]),
+        "cpu_s_median": statistics.median(cpu[name]),
+    }
+    met = cpu_met = True
+    for key, base in (("reference", workload.reference), ("loop", workload.loop)):
+        for prefix, times in (("", wall), ("cpu_", cpu)):
+            stats: dict[str, Any] | None = None
+            if base == name:
+                stats = IDENTITY
+            elif base is not None:
+                stats = ratio_stats(log_ratios(times, base, name))
+                if prefix:
+                    cpu_met = cpu_met and stats["half_width"] <= math.log1p(CI_TARGET)
+                else:
+                    met = met and stats["half_width"] <= math.log1p(CI_TARGET)
+            for stat in ("median", "geomean", "ci", "half_width"):
+                entry[f"{prefix}ratio_to_{key}_{stat}"] = None if stats is None else stats[stat]
+    entry.update(ci_target_met=met, cpu_ci_target_met=cpu_met, rounds=len(wall[name]))
+    entry.update(wall_s=wall[name], cpu_s=cpu[name])
+    return entry
 
 
 def machine() -> str:
+    """CPU, cores and the versions that matter."""
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -276,53 +464,89 @@ def machine() -> str:
     )
 
 
+def method(settings: dict[str, Any]) -> str:
+    """The one-paragraph description stored with the results."""
+    return (
+        "Each variant built once and warmed up (one untimed run); then rounds in which every variant runs one "
+        "sample (one epoch over the workload's N examples, wall and process CPU time, gc.collect() before), in "
+        "a random order per round (seeded); per-round ratio = t_reference / t_variant; reported: geometric mean, "
+        "median and 95% Student-t CI of the log ratios, exponentiated; rounds stop when every wall-time ratio's "
+        f"CI half-width <= {CI_TARGET:.0%} (after {settings['min_rounds']} rounds), or at "
+        f"{settings['max_rounds']} rounds or {settings['max_seconds']:g} s per workload."
+    )
+
+
+# -- reports --------------------------------------------------------------------
+
+
+def _ratio(v: dict, key: str) -> str:
+    if v.get(f"{key}_geomean") is None:
+        return "-"
+    lo, hi = v[f"{key}_ci"]
+    return f"{v[f'{key}_geomean']:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
 def markdown(results: dict) -> str:
+    """The results as a Markdown table, one row per variant."""
+    threads = results["threads"]
     lines = [
-        f"Measured on: {results['machine']} ({'quick' if results['quick'] else 'full'} sizes, "
-        f"{results['repeats']} interleaved rounds).",
+        f"Measured on: {results['machine']}; TensorFlow threads: intra-op {threads['intra_op']}, "
+        f"inter-op {threads['inter_op']} ({'quick' if results['quick'] else 'full'} sizes).",
         "",
-        "| workload | variant | samples/s (median) | spread (min-max) "
-        "| ratio to reference (median, min-max) | peak RSS growth |",
-        "|---|---|---:|---:|---:|---:|",
+        "| workload | variant | samples/s (median) | ratio to reference [95% CI] | ratio to loop [95% CI] "
+        "| CPU-time ratio to reference [95% CI] | rounds | CI within ±2% |",
+        "|---|---|---:|---:|---:|---:|---:|:---:|",
     ]
     for workload, result in results["workloads"].items():
         for name, v in result["variants"].items():
-            reference = " (reference)" if name == result["reference"] else ""
+            role = " (reference)" if name == result["reference"] else " (loop)" if name == result["loop"] else ""
+            if not v["available"]:
+                error = v["error"].splitlines()[0][:120].replace("|", "/")
+                lines.append(f"| {workload} | {name} | unavailable: {error} | - | - | - | - | - |")
+                continue
             lines.append(
-                f"| {workload} | {name}{reference} | {v['samples_per_s_median']:,.0f} | "
-                f"{v['samples_per_s_min']:,.0f}-{v['samples_per_s_max']:,.0f} | "
-                f"{v['ratio_to_reference_median']:.3f} "
-                f"({v['ratio_to_reference_min']:.2f}-{v['ratio_to_reference_max']:.2f}) | "
-                f"{v['peak_rss_growth_mb']:.0f} MB |"
+                f"| {workload} | {name}{role} | {v['samples_per_s_median']:,.0f} | {_ratio(v, 'ratio_to_reference')} | "
+                f"{_ratio(v, 'ratio_to_loop')} | {_ratio(v, 'cpu_ratio_to_reference')} | {v['rounds']} | "
+                f"{'yes' if v['ci_target_met'] else 'no'} |"
             )
+    lines += [
+        "",
+        "Ratios are throughput relative to the reference (keras.Model.fit; the keras.io GAN for the GAN) or to the "
+        "hand-written tf.function loop: the geometric mean of per-round ratios t_reference / t_variant, with the "
+        "95% t-interval of the mean log ratio. CPU-time ratios use process CPU seconds instead of wall time.",
+    ]
     return "\n".join(lines) + "\n"
 
 
 def plot(results: dict, path: Path) -> None:
+    """Ratios to the reference (geometric mean, 95% CI whiskers), one row per available variant."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [(f"{w.split(' (')[0]}: {n}", v) for w, r in results["workloads"].items() for n, v in r["variants"].items()]
-    fig, ax = plt.subplots(figsize=(10, 0.3 * len(rows) + 1.2))
-    medians = [v["ratio_to_reference_median"] for _, v in rows]
-    errors = [
-        [m - v["ratio_to_reference_min"] for m, (_, v) in zip(medians, rows, strict=True)],
-        [v["ratio_to_reference_max"] - m for m, (_, v) in zip(medians, rows, strict=True)],
+    rows = [
+        (f"{w.split(' (')[0]}: {n}", v)
+        for w, r in results["workloads"].items()
+        for n, v in r["variants"].items()
+        if v["available"]
     ]
-    ax.barh(
-        range(len(rows)),
-        medians,
-        xerr=errors,
-        color=["tab:orange" if "custom" in n.lower() else "tab:gray" for n, _ in rows],
-    )
-    ax.set_yticks(range(len(rows)), [n for n, _ in rows], fontsize=7)
+    fig, ax = plt.subplots(figsize=(10, 0.3 * len(rows) + 1.4))
+    centers = [v["ratio_to_reference_geomean"] for _, v in rows]
+    errors = [
+        [c - v["ratio_to_reference_ci"][0] for c, (_, v) in zip(centers, rows, strict=True)],
+        [v["ratio_to_reference_ci"][1] - c for c, (_, v) in zip(centers, rows, strict=True)],
+    ]
+    ax.axvspan(1 - CI_TARGET, 1 + CI_TARGET, color="0.9")
     ax.axvline(1.0, color="black", linewidth=0.8)
+    for i, ((name, _), center) in enumerate(zip(rows, centers, strict=True)):
+        color = "tab:orange" if "custom" in name.lower() else "tab:gray"
+        ax.errorbar(center, i, xerr=[[errors[0][i]], [errors[1][i]]], fmt="o", color=color, capsize=3)
+    ax.set_yticks(range(len(rows)), [n for n, _ in rows], fontsize=7)
     ax.set_xscale("log")
     ax.set_xlabel(
         "throughput / reference (keras.Model.fit; keras.io GAN for the GAN), log scale;\n"
-        "bars: median of per-round ratios, whiskers: min-max"
+        "points: geometric mean of per-round ratios, whiskers: 95% CI, band: ±2%"
     )
     ax.invert_yaxis()
     fig.tight_layout()
@@ -330,31 +554,68 @@ def plot(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, one round (used by the tests)")
-    parser.add_argument("--out", type=Path, default=HERE / "results")
+def main(argv: Sequence[str] | None = None) -> dict:
+    """Runs the benchmark and writes ``OUT/<stem>.json``, ``.md`` and the plot.
+
+    Args:
+        argv: Command-line arguments (default ``sys.argv[1:]``).
+
+    Returns:
+        The results, as written to the JSON file.
+    """
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, 2 rounds (used by the tests)")
+    parser.add_argument("--out", type=Path, default=HERE / "results", help="output folder")
     parser.add_argument(
-        "--recheck",
+        "--only",
         nargs="+",
-        metavar="WORKLOAD",
-        help="only these option workloads (e.g. 'mlp, steps_per_execution=4'), longer",
+        choices=["aa", "cnn", "mlp", "gan"],
+        help="only these workloads (aa: the A/A check); results go to <stem>_<names>.*",
     )
-    parser.add_argument("--repeats", type=int, default=15, help="rounds for --recheck")
+    parser.add_argument("--threads", type=int, default=1, help="TensorFlow intra- and inter-op threads (0: default)")
+    parser.add_argument("--min-rounds", type=int, default=8, help="rounds before the CI stop rule applies")
+    parser.add_argument("--max-rounds", type=int, default=60, help="rounds at most, per workload")
+    parser.add_argument("--max-seconds", type=float, default=600.0, help="seconds at most, per workload")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the per-round random order")
     args = parser.parse_args(argv)
+    settings = {"min_rounds": args.min_rounds, "max_rounds": args.max_rounds, "max_seconds": args.max_seconds}
+    if args.quick:
+        settings.update(min_rounds=2, max_rounds=2)
+    if not 2 <= settings["min_rounds"] <= settings["max_rounds"]:
+        parser.error(f"expected 2 <= --min-rounds <= --max-rounds, received {args.min_rounds}, {args.max_rounds}")
+    threads = pin_threads(args.threads)  # before TensorFlow runs anything
+    if not threads["pinned"]:
+        print(f"threads not pinned to {args.threads}: {threads['note']}", flush=True)
     started = time.perf_counter()
-    stem = ("recheck_keras2" if KERAS_2 else "recheck") if args.recheck else STEM
-    repeats = args.repeats if args.recheck else sizes(args.quick)["repeats"]
-    workloads = recheck(args.recheck, args.repeats) if args.recheck else run_all(args.quick)
-    results = {"machine": machine(), "quick": args.quick, "repeats": repeats, "workloads": workloads}
+    available = workloads(args.quick)
+    unknown = sorted(set(args.only or []) - set(available))
+    if unknown:
+        parser.error(f"--only {' '.join(unknown)}: not measured on {custom_fit.KERAS_VERSION}")
+    results: dict[str, Any] = {
+        "machine": machine(),
+        "threads": threads,
+        "method": method(settings),
+        "quick": args.quick,
+        "seed": args.seed,
+        "settings": {**settings, "ci_target": CI_TARGET, "confidence": 0.95},
+        "workloads": {},
+    }
+    for key, make in available.items():
+        if args.only and key not in args.only:
+            continue
+        workload = make()
+        print(f"{workload.title}: {len(workload.builders)} variants, {workload.samples} examples per run", flush=True)
+        results["workloads"][workload.title] = measure(workload, settings, random.Random(f"{args.seed}/{key}"))
+        del workload
+        gc.collect()
     results["seconds"] = time.perf_counter() - started
+    stem = STEM + "".join(f"_{key}" for key in available if args.only and key in args.only)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{stem}.json").write_text(json.dumps(results, indent=1))
     (args.out / f"{stem}.md").write_text(markdown(results))
-    if not args.recheck:
-        plot(results, args.out / f"throughput{'_keras2' if KERAS_2 else ''}.png")
+    plot(results, args.out / f"{stem.replace('results', 'throughput')}.png")
     print(markdown(results))
-    print(f"wrote {args.out / stem}.json and .md in {results['seconds']:.0f} s")
+    print(f"wrote {args.out / stem}.json, .md and .png in {results['seconds']:.0f} s")
     return results
 
 

@@ -1,43 +1,103 @@
-"""``benchmarks/bench.py --quick`` runs and writes valid results (timings are not asserted).
+"""``benchmarks/bench.py --quick`` runs and writes consistent results (timings are not asserted).
 
-On Keras 2 (``TF_USE_LEGACY_KERAS=1``) it measures CustomModel against tf_keras' Model only.
+On Keras 2 (``TF_USE_LEGACY_KERAS=1``) it measures CustomModel against tf_keras' Model only (no loops, no GAN).
 """
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
+import tensorflow as tf
 
 from benchmarks import bench
 
 pytestmark = pytest.mark.slow
 
+AA = "A/A (keras.Model.fit vs itself)"
+CNN = "cnn (seed 000: 32x32x3, 100 classes, batch 32)"
+MLP = "mlp (16-32-10, batch 32)"
+GAN = "digits GAN (MLP, batch 64, two optimizers)"
+AUTO = 'steps_per_execution="auto"'
+CLASSIFICATION = {"keras.Model.fit", "CustomModel.fit", f"CustomModel.fit, {AUTO}"}
+EXPECTED = (
+    {AA: {"keras.Model.fit (A)", "keras.Model.fit (B)"}, CNN: CLASSIFICATION, MLP: CLASSIFICATION}
+    if bench.KERAS_2
+    else {
+        AA: {"keras.Model.fit (A)", "keras.Model.fit (B)"},
+        CNN: CLASSIFICATION | {"tf.function loop"},
+        MLP: CLASSIFICATION | {"tf.function loop"},
+        GAN: {"keras.io GAN (keras.Model)", "custom_fit.GAN", f"custom_fit.GAN, {AUTO}", "tf.function GAN loop"},
+    }
+)
+STATS = ("median", "geomean", "ci", "half_width")
 
-def test_quick_benchmark_writes_valid_results(tmp_path):
-    results = bench.main(["--quick", "--out", str(tmp_path)])
+
+def check_ratio(variant: dict, key: str, identity: bool) -> None:
+    """``key``'s statistics are consistent; exactly 1 when the variant is its own base."""
+    median, geomean, (low, high) = variant[f"{key}_median"], variant[f"{key}_geomean"], variant[f"{key}_ci"]
+    if identity:
+        assert (median, geomean, low, high, variant[f"{key}_half_width"]) == (1.0, 1.0, 1.0, 1.0, 0.0)
+        return
+    assert 0 < low <= geomean <= high
+    # Two rounds (--quick): the median is the geometric mean of both ratios, inside the t(1) interval.
+    assert low <= median <= high
+    assert math.isclose(math.log(high / geomean), variant[f"{key}_half_width"], rel_tol=1e-9)
+
+
+def test_quick_benchmark_writes_consistent_results(tmp_path):
+    # --threads 0 keeps TensorFlow's default pools: pinning them would outlast this test in its process.
+    results = bench.main(["--quick", "--threads", "0", "--out", str(tmp_path)])
     saved = json.loads((tmp_path / f"{bench.STEM}.json").read_text())
-    assert saved["quick"] is True and saved["machine"]
+    assert saved == json.loads(json.dumps(results))
+    assert saved["quick"] is True and saved["machine"] and saved["method"]
+    assert ("tf_keras 2." in saved["machine"]) == bench.KERAS_2
+    assert saved["threads"].keys() == {"requested", "intra_op", "inter_op", "pinned", "note"}
+    assert saved["settings"]["min_rounds"] == saved["settings"]["max_rounds"] == 2
     assert next(iter(tmp_path.glob("throughput*.png"))).stat().st_size > 0
     table = (tmp_path / f"{bench.STEM}.md").read_text()
-    for workload, result in saved["workloads"].items():
-        assert workload in table
-        assert result["variants"][result["reference"]]["ratio_to_reference_median"] == 1.0
-        for variant in result["variants"].values():
-            assert variant["samples_per_s_median"] > 0
-            assert variant["samples_per_s_min"] <= variant["samples_per_s_median"] <= variant["samples_per_s_max"]
-    assert results["workloads"].keys() == saved["workloads"].keys()
-    mlp = set(saved["workloads"]["mlp (16-32-10, batch 32)"]["variants"])
-    if bench.KERAS_2:
-        assert mlp == {"keras.Model.fit", "CustomModel.fit"} and "tf_keras 2." in saved["machine"]
-    else:
-        assert {"CustomModel.fit", "keras.io train_step", "tf.function loop", "eager per-sample loop (seeds)"} <= mlp
-        assert "custom_fit.GAN" in saved["workloads"]["digits GAN (MLP, batch 64, two optimizers)"]["variants"]
+    assert {name: set(w["variants"]) for name, w in saved["workloads"].items()} == EXPECTED
+    for name, workload in saved["workloads"].items():
+        assert name in table
+        assert workload["rounds"] == 2 and workload["stopped_by"] in {"ci_target", "max_rounds"}
+        assert workload["loop"] is None if bench.KERAS_2 or name == AA else workload["loop"] in workload["variants"]
+        for variant_name, variant in workload["variants"].items():
+            assert variant_name in table
+            if not variant["available"]:  # only the steps_per_execution="auto" option may be missing
+                assert AUTO in variant_name and variant["error"]
+                continue
+            assert variant["samples_per_s_median"] > 0 and variant["rounds"] == 2
+            assert len(variant["wall_s"]) == len(variant["cpu_s"]) == 2 and min(variant["wall_s"]) > 0
+            for prefix in ("", "cpu_"):
+                check_ratio(variant, f"{prefix}ratio_to_reference", variant_name == workload["reference"])
+                if workload["loop"] is None:
+                    assert all(variant[f"{prefix}ratio_to_loop_{s}"] is None for s in STATS)
+                else:
+                    check_ratio(variant, f"{prefix}ratio_to_loop", variant_name == workload["loop"])
+            assert isinstance(variant["ci_target_met"], bool) and isinstance(variant["cpu_ci_target_met"], bool)
+        assert workload["ci_target_met"] == all(v.get("ci_target_met", True) for v in workload["variants"].values())
 
 
-def test_recheck_rejects_unknown_workloads():
-    with pytest.raises(
-        SystemExit,
-        match=r"--recheck expected workload names from \[.*'mlp, steps_per_execution=4'.*\], received \['mlp, spe=4'\]",
-    ):
-        bench.recheck(["mlp, spe=4"], repeats=1)
+def test_t_quantiles():
+    assert bench.t_quantile_975(1) == 12.7062 and bench.t_quantile_975(30) == 2.0423
+    assert bench.t_quantile_975(60) > bench.t_quantile_975(61) > bench.t_quantile_975(1000) > 1.96
+    assert math.isclose(bench.t_quantile_975(120), 1.9799, abs_tol=1e-4)
+    with pytest.raises(ValueError, match="expected df >= 1"):
+        bench.t_quantile_975(0)
+
+
+def test_ratio_stats():
+    stats = bench.ratio_stats([math.log(r) for r in (1.0, 1.1, 0.9, 1.05)])
+    assert stats["median"] == pytest.approx(math.sqrt(1.0 * 1.05))
+    assert stats["geomean"] == pytest.approx((1.0 * 1.1 * 0.9 * 1.05) ** 0.25)
+    low, high = stats["ci"]
+    assert low * high == pytest.approx(stats["geomean"] ** 2) and low < 1 < high
+
+
+def test_threads_stay_when_the_runtime_is_running():
+    tf.constant(0.0)  # the runtime runs: its thread pools are fixed
+    current = tf.config.threading.get_intra_op_parallelism_threads()
+    threads = bench.pin_threads(current + 1)
+    assert threads["pinned"] is False and "after initialization" in threads["note"]
+    assert tf.config.threading.get_intra_op_parallelism_threads() == threads["intra_op"] == current
