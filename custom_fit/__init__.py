@@ -20,6 +20,7 @@ Example:
 
 from custom_fit import gan
 from custom_fit._compat import KERAS_2, KERAS_VERSION, keras
+from custom_fit.backup_and_restore import BackupAndRestore
 from custom_fit.compiled import CompiledLoss, CompiledMetrics
 from custom_fit.diagnostics import MissingGradientWarning, UnusedOptimizerWarning, UnusedRegularizationWarning
 from custom_fit.gan import GAN
@@ -33,6 +34,7 @@ __all__ = [
     "GAN",
     "KERAS_2",
     "KERAS_VERSION",
+    "BackupAndRestore",
     "CompiledLoss",
     "CompiledMetrics",
     "CustomModel",

@@ -1,14 +1,17 @@
-"""How ``CustomModel`` joins Keras 3's ``fit``/``evaluate`` loop: lazy callbacks, tuned step fusion.
+"""How ``CustomModel`` joins Keras 3's ``fit``/``evaluate`` loop: lazy callbacks, tuned and resumable epochs.
 
 Keras 3 builds the loop's pieces inside ``fit``: the ``CallbackList`` (unless
 it is given one) and an epoch iterator that decides how many steps each call
 of the train function runs. :class:`FitLoopHooks` hands ``fit`` and
 ``evaluate`` a :class:`~custom_fit.callbacks.LazyCallbackList` (no host wait
-per step), and, with ``compile(steps_per_execution="auto")``, makes ``fit``'s
-epoch iterator follow the model's
-:class:`~custom_fit.step_fusion.StepsPerExecutionTuner`. Keras 2 needs
-neither: tf_keras skips unused batch hooks itself, and its data handler reads
-the number of steps per execution from a variable before every execution.
+per step), and steers ``fit``'s epoch iterator: with
+``compile(steps_per_execution="auto")`` it follows the model's
+:class:`~custom_fit.step_fusion.StepsPerExecutionTuner`, and it reports to an
+:class:`~custom_fit.backup_and_restore.EpochPosition`, from which
+:class:`~custom_fit.BackupAndRestore` resumes at the exact step. Keras 2
+needs none of it for lazy callbacks and tuning: tf_keras skips unused batch
+hooks itself, and its data handler reads the number of steps per execution
+from a variable before every execution.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from custom_fit._compat import keras, keras3_only
+from custom_fit.backup_and_restore import EpochPosition
 from custom_fit.callbacks import LazyCallbackList
 
 __all__ = ["FitLoopHooks"]
@@ -35,6 +39,7 @@ class FitLoopHooks:
 
     def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
         arguments = _by_name(super().fit, args, kwargs)  # type: ignore[misc]
+        object.__setattr__(self, "_epoch_position", EpochPosition())
         arguments["callbacks"] = self._lazy_callback_list(arguments, add_history=True)
         object.__setattr__(self, "_training_epoch_iterator_pending", True)
         return super().fit(**arguments)  # type: ignore[misc]
@@ -70,8 +75,10 @@ class FitLoopHooks:
             callbacks.set_params({**callbacks.params, "steps": epoch_iterator.num_batches})
         if getattr(self, "_training_epoch_iterator_pending", False):
             object.__setattr__(self, "_training_epoch_iterator_pending", False)
-            if self._steps_tuner is not None:
-                keras3_only.tune_epoch_iterator(epoch_iterator, self._steps_tuner)
+            tuner = self._steps_tuner
+            fixed = self.steps_per_execution
+            plan = tuner.plan if tuner is not None else lambda remaining: fixed
+            keras3_only.steer_epoch_iterator(epoch_iterator, plan, self._epoch_position)
 
 
 def _by_name(method: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:

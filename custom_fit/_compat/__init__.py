@@ -39,6 +39,7 @@ KERAS_2: bool = _tf.keras.__name__.startswith("tf_keras")
 if KERAS_2:
     from custom_fit._compat import keras2 as _selected
     from custom_fit._compat.keras2 import (
+        BACKUP_WEIGHTS_FILE,
         CLIPS_AFTER_AGGREGATION,
         GROUP_COMPILE_KWARGS,
         KERAS_VERSION,
@@ -70,6 +71,7 @@ if KERAS_2:
         random_uniform,
         scale_loss,
         scale_loss_for_distribution,
+        set_initial_epoch,
         share_registered_name,
         sum_across_replicas,
         unscale_gradients,
@@ -81,6 +83,7 @@ if KERAS_2:
 else:
     from custom_fit._compat import keras3 as _selected
     from custom_fit._compat.keras3 import (
+        BACKUP_WEIGHTS_FILE,
         CLIPS_AFTER_AGGREGATION,
         GROUP_COMPILE_KWARGS,
         KERAS_VERSION,
@@ -112,6 +115,7 @@ else:
         random_uniform,
         scale_loss,
         scale_loss_for_distribution,
+        set_initial_epoch,
         share_registered_name,
         sum_across_replicas,
         unscale_gradients,

@@ -45,6 +45,7 @@ from custom_fit._compat.common import (
 )
 
 __all__ = [
+    "BACKUP_WEIGHTS_FILE",
     "CLIPS_AFTER_AGGREGATION",
     "GROUP_COMPILE_KWARGS",
     "KERAS_VERSION",
@@ -76,6 +77,7 @@ __all__ = [
     "random_uniform",
     "scale_loss",
     "scale_loss_for_distribution",
+    "set_initial_epoch",
     "share_registered_name",
     "sum_across_replicas",
     "unscale_gradients",
@@ -515,6 +517,16 @@ def is_functional_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     return True
 
 
+#: The weights of a ``custom_fit.BackupAndRestore`` backup: a TensorFlow checkpoint
+#: prefix, because tf_keras' ``.h5`` weights leave the optimizer's state out.
+BACKUP_WEIGHTS_FILE = "weights"
+
+
+def set_initial_epoch(model: Any, epoch: int | None) -> None:
+    """Makes ``fit`` start at ``epoch`` (``None``: at its ``initial_epoch``); read by ``TrainerHooks``."""
+    common.set_untracked(model, "_custom_fit_initial_epoch", epoch)
+
+
 def share_registered_name(twin: type, cls: type) -> None:
     """Serializes ``twin`` under ``cls``' registered name, so ``load_model`` finds ``cls``."""
     _registration._GLOBAL_CUSTOM_NAMES[twin] = keras.saving.get_registered_name(cls)
@@ -549,6 +561,14 @@ class TrainerHooks:
             base = {"name": self.name, "trainable": self.trainable}
             return copy.deepcopy(_functional.get_network_config(self, config=base))
         return super().get_config()  # type: ignore[misc]
+
+    def _maybe_load_initial_counters_from_ckpt(self: Any, steps_per_epoch: int, initial_epoch: int) -> Any:
+        # tf_keras' fit asks this after `on_train_begin` where to start; its
+        # own BackupAndRestore answers through a multi-worker training state.
+        epoch = getattr(self, "_custom_fit_initial_epoch", None)
+        if epoch is not None:
+            return epoch, 0
+        return super()._maybe_load_initial_counters_from_ckpt(steps_per_epoch, initial_epoch)  # type: ignore[misc]
 
     def _get_optimizer(self: Any, optimizer: Any) -> Any:
         # Keras 2 wraps every compiled optimizer in a LossScaleOptimizer under

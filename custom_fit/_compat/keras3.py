@@ -37,6 +37,7 @@ from custom_fit._compat.common import (
 )
 
 __all__ = [
+    "BACKUP_WEIGHTS_FILE",
     "CLIPS_AFTER_AGGREGATION",
     "GROUP_COMPILE_KWARGS",
     "KERAS_VERSION",
@@ -68,6 +69,7 @@ __all__ = [
     "random_uniform",
     "scale_loss",
     "scale_loss_for_distribution",
+    "set_initial_epoch",
     "share_registered_name",
     "sum_across_replicas",
     "unscale_gradients",
@@ -427,6 +429,15 @@ def is_functional_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     the arguments themselves.
     """
     return bool(_model.functional_init_arguments(args, kwargs))
+
+
+#: The weights file of a ``custom_fit.BackupAndRestore`` backup (model, optimizer and seed states).
+BACKUP_WEIGHTS_FILE = "model.weights.h5"
+
+
+def set_initial_epoch(model: keras.Model, epoch: int | None) -> None:
+    """Makes ``fit`` start at ``epoch`` (``None``: at its ``initial_epoch``), as Keras' ``BackupAndRestore`` does."""
+    model._initial_epoch = epoch
 
 
 def share_registered_name(twin: type, cls: type) -> None:

@@ -11,17 +11,21 @@ Nothing in this module is public API.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import keras
+from keras.src.trainers.data_adapters.generator_data_adapter import GeneratorDataAdapter as _GeneratorDataAdapter
+from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter as _PyDatasetAdapter
 
 __all__ = [
     "aggregate_additional_loss",
+    "build_compiled_state",
     "compiled_loss_trackers",
     "compiled_loss_value",
     "seed_generator_states",
+    "steer_epoch_iterator",
     "sum_losses",
-    "tune_epoch_iterator",
 ]
 
 
@@ -73,51 +77,109 @@ def seed_generator_states(model: keras.Model) -> list[Any]:
 _VERSION = tuple(int(part) for part in keras.version().split(".")[:2])
 
 
-def tune_epoch_iterator(epoch_iterator: Any, tuner: Any) -> None:
-    """Makes ``fit``'s epoch iterator run as many steps per execution as ``tuner`` plans.
+def steer_epoch_iterator(epoch_iterator: Any, plan: Callable[[int | None], int], position: Any) -> None:
+    """Makes ``fit``'s epoch iterator fuse ``plan(remaining)`` steps per execution and start where asked.
 
-    Keras fixes the steps per execution when ``fit`` starts: its epoch
-    iterator (``EpochIterator._enumerate_iterator``) steps through the epoch
-    in strides of ``steps_per_execution`` and passes the first and last step
-    of each execution to the callbacks. This generator does the same with a
-    stride ``tuner.plan(remaining)`` chooses before each execution, never
-    past the end of the epoch; the rest (data adapter hooks, one iterator per
-    epoch or one kept across epochs with ``steps_per_epoch``, the warning
-    when data runs out) is Keras' own, as of 3.8-3.15 (where the items grew
-    from ``(step, iterator)`` to ``(first, last, iterator)`` in 3.11).
+    Keras' epoch iterator (``EpochIterator._enumerate_iterator``) steps
+    through each epoch in strides of ``steps_per_execution`` fixed when
+    ``fit`` starts, and passes the first and last step of each execution to
+    the callbacks. This generator is the same loop with two additions:
+
+    * the stride is ``plan(remaining steps)`` (``None``: unknown length),
+      asked before each execution (``steps_per_execution="auto"``);
+    * ``position`` (a :class:`custom_fit.backup_and_restore.EpochPosition`)
+      learns which data iterator each batch comes from, and may start the
+      first epoch where an interrupted run stopped: it makes and drops the
+      iterators the run had made before (a seeded ``tf.data`` shuffle draws a
+      new order for each) and skips the batches already trained.
+
+    The rest (data adapter hooks, one iterator per epoch or one kept across
+    epochs with ``steps_per_epoch``, the warning when data runs out) is Keras'
+    own, as of 3.8-3.15 (the items grew from ``(step, iterator)`` to
+    ``(first, last, iterator)`` in 3.11).
     """
     it = epoch_iterator
+    adapter = it.data_adapter
+    # Iterators of a PyDataset or a generator read a Python object (its
+    # shuffle draws from Python's random module in a tf.data thread), so
+    # making and dropping them would only race with the restored state.
+    replays_iterators = not isinstance(adapter, (_PyDatasetAdapter, _GeneratorDataAdapter))
+    position.element_spec = it._get_iterator().element_spec
+    position.adapter = adapter
+    position.records_hooks = isinstance(adapter, _PyDatasetAdapter) and _has_own_epoch_hooks(adapter.py_dataset)
 
     def item(first: int, steps: int, iterator: Any) -> tuple[Any, ...]:
         return (first, first + steps - 1, iterator) if _VERSION >= (3, 11) else (first, iterator)
 
+    def new_iterator() -> Any:
+        position.iterator_made()
+        return iter(it._get_iterator())
+
     def enumerate_iterator() -> Any:
-        it.data_adapter.on_epoch_begin()
+        resume = position.take_resume()
+        if resume is not None:
+            while replays_iterators and position.iterators_made < resume.iterator:
+                new_iterator()
+        position.epoch_begins()
+        adapter.on_epoch_begin()
         steps_per_epoch = it.steps_per_epoch or it._num_batches or -1
         if steps_per_epoch > 0:
-            if it._current_iterator is None or it.steps_per_epoch is None:
-                it._current_iterator = iter(it._get_iterator())
-                it._steps_seen = 0
             step = 0
+            if resume is not None:
+                it._current_iterator = new_iterator()
+                for _ in range(resume.skip):  # batches the interrupted run had read
+                    next(it._current_iterator)
+                it._steps_seen, step = resume.skip, resume.step
+            elif it._current_iterator is None or it.steps_per_epoch is None:
+                it._current_iterator = new_iterator()
+                it._steps_seen = 0
+            position.reading(batches_before_step_0=it._steps_seen - step)
             while step < steps_per_epoch:
                 if it._num_batches and it._steps_seen >= it._num_batches:
                     if it.steps_per_epoch:
                         it._interrupted_warning()
                     break
-                steps = tuner.plan(steps_per_epoch - step)
+                steps = plan(steps_per_epoch - step)
                 it._steps_seen += steps
                 yield item(step, steps, it._current_iterator)
                 step += steps
             if it._num_batches and it._steps_seen >= it._num_batches:
-                it._current_iterator = iter(it._get_iterator())
+                it._current_iterator = new_iterator()
                 it._steps_seen = 0
-        else:  # unknown length: one step per execution
-            iterator = iter(it._get_iterator())
+            kept = it.steps_per_epoch is not None  # the next epoch reads on from this iterator
+            position.epoch_ends(next_skip=it._steps_seen if kept else None)
+        else:  # unknown length
+            iterator = new_iterator()
             step = 0
+            if resume is not None:
+                for _ in range(resume.skip):
+                    next(iterator)
+                step = resume.step
+            position.reading(batches_before_step_0=0)
             while True:
-                it._steps_seen = step + tuner.plan(None)
-                yield item(step, 1, iterator)
-                step += 1
-        it.data_adapter.on_epoch_end()
+                steps = plan(None)
+                it._steps_seen = step + steps
+                yield item(step, steps, iterator)
+                step += steps
+        adapter.on_epoch_end()
 
     object.__setattr__(epoch_iterator, "_enumerate_iterator", enumerate_iterator)
+
+
+def _has_own_epoch_hooks(py_dataset: Any) -> bool:
+    """Whether a ``PyDataset`` overrides ``on_epoch_begin`` or ``on_epoch_end``."""
+    base = keras.utils.PyDataset
+    return any(
+        getattr(type(py_dataset), hook) is not getattr(base, hook) for hook in ("on_epoch_begin", "on_epoch_end")
+    )
+
+
+def build_compiled_state(model: keras.Model, element_spec: Any) -> None:
+    """Creates the variables of the compiled metrics and loss from the data's spec (no batch is read).
+
+    Keras creates them in the first training step (from a first batch under a
+    strategy); a resumed run restores their values before that step.
+    """
+    unbuilt = [part for part in (model._compile_metrics, model._compile_loss) if part is not None and not part.built]
+    if unbuilt:
+        model._symbolic_build(data_batch=element_spec)

@@ -1,0 +1,484 @@
+"""Crash-safe training: :class:`BackupAndRestore` survives ``kill -9`` and resumes at the exact step.
+
+Keras' ``BackupAndRestore`` restarts an interrupted epoch from its first
+batch (with ``save_freq=N`` the batches already trained are trained again)
+and overwrites its files in place, so a kill during a write leaves a backup
+no restart can read. This callback has Keras' signature and meaning, plus:
+
+* **atomic backups** (:class:`~custom_fit.backup_store.BackupStore`): a new
+  backup is complete on disk before it replaces the previous one;
+* **exact resume**: a restarted ``fit`` continues at the step after the
+  backup, with the same batches in the same order, the same random state,
+  optimizer state and epoch accumulators (metrics, logged values), so the
+  final weights and the last epoch's history equal an uninterrupted run's.
+
+A backup holds the weights file Keras writes (model, optimizer, and with
+``CustomModel`` the random seed generator states), the metric variables,
+Python's and NumPy's global random states, and where ``fit`` is in its data:
+:class:`EpochPosition` (Keras 3) records which data iterator each batch comes
+from; a resumed run makes and drops the iterators the interrupted run had
+made, then skips the batches it had trained on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from custom_fit import _compat
+from custom_fit._compat import keras
+from custom_fit.backup_store import BackupStore
+
+if not _compat.KERAS_2:  # a Keras 2 process never loads Keras 3
+    from custom_fit._compat import keras3_only
+
+__all__ = ["BackupAndRestore", "EpochPosition", "RandomState"]
+
+_FORMAT = 1
+_META = "meta.json"
+_STATE = "state.npz"
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomState:
+    """Python's ``random`` and NumPy's global random state at one moment.
+
+    Example:
+        >>> import random
+        >>> state = RandomState.capture()
+        >>> first = random.random()
+        >>> state.restore()
+        >>> random.random() == first
+        True
+    """
+
+    python: tuple[Any, ...]
+    numpy: tuple[Any, ...]
+
+    @classmethod
+    def capture(cls) -> RandomState:
+        """The state now."""
+        return cls(random.getstate(), np.random.get_state(legacy=True))  # type: ignore[arg-type]
+
+    def restore(self) -> None:
+        """Makes this the state of both generators."""
+        random.setstate(self.python)
+        np.random.set_state(self.numpy)
+
+
+def _random_arrays(prefix: str, states: list[RandomState]) -> dict[str, np.ndarray]:
+    """``states`` as arrays for an ``.npz`` file (no pickling)."""
+    return {
+        f"{prefix}python_key": np.array([s.python[1] for s in states], np.int64).reshape(len(states), -1),
+        f"{prefix}python_gauss": np.array(
+            [(s.python[2] is not None, s.python[2] or 0.0) for s in states], np.float64
+        ).reshape(len(states), 2),
+        f"{prefix}numpy_key": np.array([s.numpy[1] for s in states], np.uint32).reshape(len(states), -1),
+        f"{prefix}numpy_rest": np.array([s.numpy[2:] for s in states], np.float64).reshape(len(states), 3),
+    }
+
+
+def _random_states(prefix: str, arrays: Any) -> list[RandomState]:
+    """Inverse of :func:`_random_arrays`."""
+    states = []
+    for key, gauss, numpy_key, (pos, has_gauss, cached) in zip(
+        arrays[f"{prefix}python_key"],
+        arrays[f"{prefix}python_gauss"],
+        arrays[f"{prefix}numpy_key"],
+        arrays[f"{prefix}numpy_rest"],
+        strict=True,
+    ):
+        python = (3, tuple(int(k) for k in key), float(gauss[1]) if gauss[0] else None)
+        states.append(RandomState(python, ("MT19937", numpy_key, int(pos), int(has_gauss), float(cached))))
+    return states
+
+
+@dataclasses.dataclass
+class Backup:
+    """What a backup holds besides the weights: where to resume and the state Keras does not save.
+
+    Attributes:
+        epoch: The epoch to resume in.
+        step: The first step of ``epoch`` not trained yet (0: the epoch's start).
+        iterator: Which data iterator, counted from ``fit``'s start, that step reads from.
+        skip: How many batches of that iterator were read before that step.
+        random_state: The global random state when ``epoch`` began.
+        hook_states: For data with epoch hooks of its own (a ``PyDataset``
+            that reshuffles in ``on_epoch_end``): the random state before each
+            earlier epoch's ``on_epoch_begin`` and ``on_epoch_end``.
+        metric_values: The value of each variable of each of ``model.metrics``
+            (none when ``step`` is 0: Keras resets them when an epoch begins).
+    """
+
+    epoch: int
+    step: int
+    iterator: int
+    skip: int
+    random_state: RandomState
+    hook_states: list[tuple[RandomState, RandomState]]
+    metric_values: list[list[np.ndarray]]
+
+    def write(self, directory: Path) -> None:
+        """Writes ``meta.json`` and ``state.npz`` into ``directory``."""
+        meta = {
+            "format": _FORMAT,
+            "epoch": self.epoch,
+            "step": self.step,
+            "iterator": self.iterator,
+            "skip": self.skip,
+            "hook_epochs": len(self.hook_states),
+            "metric_variables": [len(values) for values in self.metric_values],
+        }
+        (directory / _META).write_text(json.dumps(meta))
+        arrays: dict[str, Any] = _random_arrays("epoch_", [self.random_state])
+        if self.hook_states:
+            arrays.update(_random_arrays("hook_begin_", [begin for begin, _ in self.hook_states]))
+            arrays.update(_random_arrays("hook_end_", [end for _, end in self.hook_states]))
+        for i, values in enumerate(self.metric_values):
+            arrays.update({f"metric_{i}_{j}": value for j, value in enumerate(values)})
+        with open(directory / _STATE, "wb") as file:
+            np.savez(file, **arrays)
+
+    @classmethod
+    def read(cls, directory: Path) -> Backup:
+        """Reads what :meth:`write` wrote.
+
+        Raises:
+            ValueError: A file is missing, damaged, or of another format.
+        """
+        try:
+            meta = json.loads((directory / _META).read_text())
+            with np.load(directory / _STATE, allow_pickle=False) as arrays:
+                hooks = meta["hook_epochs"]
+                return cls(
+                    epoch=meta["epoch"],
+                    step=meta["step"],
+                    iterator=meta["iterator"],
+                    skip=meta["skip"],
+                    random_state=_random_states("epoch_", arrays)[0],
+                    hook_states=list(
+                        zip(_random_states("hook_begin_", arrays), _random_states("hook_end_", arrays), strict=True)
+                    )
+                    if hooks
+                    else [],
+                    metric_values=[
+                        [arrays[f"metric_{i}_{j}"] for j in range(count)]
+                        for i, count in enumerate(meta["metric_variables"])
+                    ],
+                )
+        except (OSError, KeyError, TypeError, json.JSONDecodeError, EOFError) as error:
+            raise ValueError(f"The backup in {directory} cannot be read ({type(error).__name__}: {error}).") from error
+
+
+class EpochPosition:
+    """Where ``fit`` reads its data: which iterator, and how many of its batches came before step 0.
+
+    ``CustomModel.fit`` (Keras 3) makes one per call; its epoch iterator
+    (:func:`custom_fit._compat.keras3_only.steer_epoch_iterator`) reports to
+    it and, in a resumed run, asks it where to start (:attr:`resume`).
+    Iterators are counted because each new iterator of a ``tf.data`` pipeline
+    with a seeded ``shuffle`` draws a new order: the n-th iterator of a
+    resumed run reads what the n-th of the interrupted run read.
+    """
+
+    def __init__(self) -> None:
+        self.iterators_made = 0
+        #: The index of the iterator the current epoch reads from.
+        self.iterator = 0
+        #: Set by :class:`BackupAndRestore` before the first epoch of a resumed run.
+        self.resume: Backup | None = None
+        #: The random state before each epoch's ``on_epoch_begin`` and ``on_epoch_end``
+        #: of the data, kept when :attr:`records_hooks` (set by the epoch iterator).
+        self.hook_states: list[tuple[RandomState, RandomState]] = []
+        self.records_hooks = False
+        self.adapter: Any = None  # Keras' data adapter (set by the epoch iterator)
+        self.element_spec: Any = None  # the structure, shapes and dtypes of a batch
+        self._batches_before_step_0 = 0
+        self._next_epoch: tuple[int, int] | None = None
+        self._hook_begin: RandomState | None = None
+
+    # Called by the epoch iterator --------------------------------------------------
+
+    def take_resume(self) -> Backup | None:
+        """The backup to resume from, once (the first epoch of a resumed run)."""
+        resume, self.resume = self.resume, None
+        return resume
+
+    def iterator_made(self) -> None:
+        """A new data iterator was made (and is the current one)."""
+        self.iterator = self.iterators_made
+        self.iterators_made += 1
+
+    def epoch_begins(self) -> None:
+        """The data's ``on_epoch_begin`` is about to run."""
+        self._next_epoch = None
+        if self.records_hooks:
+            self._hook_begin = RandomState.capture()
+
+    def reading(self, batches_before_step_0: int) -> None:
+        """The epoch's steps read the current iterator after ``batches_before_step_0`` batches."""
+        self._batches_before_step_0 = batches_before_step_0
+
+    def epoch_ends(self, next_skip: int | None) -> None:
+        """The data's ``on_epoch_end`` is about to run.
+
+        Args:
+            next_skip: ``None`` if the next epoch makes a new iterator, else
+                the batches of the current one read when it begins.
+        """
+        self._next_epoch = (self.iterators_made, 0) if next_skip is None else (self.iterator, next_skip)
+        if self.records_hooks and self._hook_begin is not None:
+            self.hook_states.append((self._hook_begin, RandomState.capture()))
+
+    # Asked by BackupAndRestore -----------------------------------------------------
+
+    def at_step(self, step: int) -> tuple[int, int]:
+        """``(iterator, batches read before)`` for ``step`` of the current epoch."""
+        return self.iterator, self._batches_before_step_0 + step
+
+    def at_next_epoch(self) -> tuple[int, int]:
+        """``(iterator, batches read before)`` for step 0 of the next epoch."""
+        return self._next_epoch if self._next_epoch is not None else (self.iterators_made, 0)
+
+
+class BackupAndRestore(keras.callbacks.Callback):
+    """Backs up the training state atomically and resumes an interrupted ``fit`` at the exact step.
+
+    Use it like ``keras.callbacks.BackupAndRestore``: pass it to ``fit`` and,
+    after a crash, run the same script again; ``fit`` continues from the last
+    backup. What differs:
+
+    * a backup is written into a new directory and renamed into place once
+      it is complete and on disk, so a ``SIGKILL`` at any instant (also
+      during a write) leaves the last complete backup loadable;
+    * with an integer ``save_freq`` (Keras 3, custom_fit models) the resumed
+      run starts at the step after the backup instead of replaying the epoch,
+      and reads the same batches, so the result equals an uninterrupted run
+      bit for bit (see "Crash-safe training" in the README for what this
+      needs: deterministic data and seeded randomness);
+    * the epoch accumulators (metrics, ``logged_values``) and Python's and
+      NumPy's global random states are part of the backup.
+
+    When it runs: ``on_train_begin`` loads the newest readable backup (the
+    model must be built); ``on_epoch_begin`` of the resumed epoch restores the
+    metrics and random state; a batch-level backup is written at the
+    ``on_train_batch_begin`` after every ``save_freq`` steps (so never at an
+    epoch's end, where the epoch-end backup follows); ``on_train_end``
+    deletes the backups when ``delete_checkpoint``.
+
+    Args:
+        backup_dir: A directory for this run's backups only.
+        save_freq: ``"epoch"`` (a backup after each epoch) or an integer
+            ``N`` (a backup every ``N`` training steps, counted across
+            epochs; an ``N`` that falls on an epoch's last step is made at
+            that epoch's end).
+        double_checkpoint: Keep the previous backup too, and fall back to it
+            when the newest cannot be read (a damaged disk). Backups are
+            atomic either way.
+        delete_checkpoint: Delete the backups when ``fit`` completes.
+
+    Raises:
+        ValueError: ``backup_dir`` is empty, or ``save_freq`` is neither
+            ``"epoch"`` nor a positive integer, or is an integer on Keras 2.
+
+    Example:
+        >>> import tempfile, numpy as np, keras, custom_fit
+        >>> model = custom_fit.CustomSequential([keras.Input((2,)), keras.layers.Dense(1)])
+        >>> model.compile(optimizer="sgd", loss="mse")
+        >>> backup = custom_fit.BackupAndRestore(tempfile.mkdtemp(), save_freq=2)
+        >>> _ = model.fit(np.zeros((8, 2)), np.zeros((8, 1)), batch_size=2, epochs=2, callbacks=[backup], verbose=0)
+    """
+
+    def __init__(
+        self,
+        backup_dir: str | os.PathLike[str],
+        save_freq: str | int = "epoch",
+        *,
+        double_checkpoint: bool = False,
+        delete_checkpoint: bool = True,
+    ):
+        super().__init__()
+        if not backup_dir:
+            raise ValueError(
+                f"BackupAndRestore needs a directory for its backups, received backup_dir={backup_dir!r}. "
+                "Fix: pass a path such as BackupAndRestore('backups/run-1')."
+            )
+        is_steps = isinstance(save_freq, int) and not isinstance(save_freq, bool)
+        if save_freq != "epoch" and not (is_steps and save_freq >= 1):  # type: ignore[operator]
+            raise ValueError(
+                f"save_freq must be 'epoch' or a positive number of training steps, received {save_freq!r}. "
+                "Fix: BackupAndRestore(backup_dir, save_freq='epoch') or save_freq=100."
+            )
+        if is_steps and _compat.KERAS_2:
+            raise ValueError(
+                f"BackupAndRestore(save_freq={save_freq}) resumes in the middle of an epoch, which custom_fit "
+                "can do on Keras 3 only: tf_keras' data handler cannot start an epoch after the batches "
+                "already trained, and its layers draw random numbers from TensorFlow's global generator, "
+                "which no Keras 2 file saves. Fix: save_freq='epoch' (resumes at the next epoch), or Keras 3."
+            )
+        self.backup_dir = os.fspath(backup_dir)
+        self.save_freq = save_freq
+        self._every: int | None = None if save_freq == "epoch" else int(save_freq)  # steps between backups
+        self.double_checkpoint = double_checkpoint
+        self.delete_checkpoint = delete_checkpoint
+        self._store = BackupStore(self.backup_dir)
+        self._resume: Backup | None = None
+        self._position: EpochPosition | None = None
+        self._epoch = 0
+        self._epoch_random_state = RandomState.capture()
+        self._hook_states: list[tuple[RandomState, RandomState]] = []
+        # Steps trained since the last backup, as of step `_counted_from` of the epoch.
+        self._unsaved_steps = 0
+        self._counted_from = 0
+        self._steps_in_epoch = 0
+
+    # Hooks, in the order fit calls them ----------------------------------------------
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        """Loads the newest readable backup into the model and tells ``fit`` where to resume."""
+        self._position = getattr(self.model, "_epoch_position", None)
+        if self.save_freq != "epoch" and self._position is None:
+            raise TypeError(
+                f"BackupAndRestore(save_freq={self.save_freq}) resumes mid-epoch through custom_fit's fit "
+                f"loop, but the model is a {type(self.model).__name__}. Fix: use custom_fit.CustomModel "
+                "(also as CustomModel(inputs, outputs)) or custom_fit.CustomSequential, or save_freq='epoch'."
+            )
+        if _compat.KERAS_2 and not isinstance(self.model, _compat.TrainerHooks):
+            raise TypeError(
+                "custom_fit.BackupAndRestore on Keras 2 resumes through custom_fit's fit loop, but the model is "
+                f"a {type(self.model).__name__}. Fix: use custom_fit.CustomModel (also as CustomModel(inputs, "
+                "outputs)) or custom_fit.CustomSequential, or tf_keras.callbacks.BackupAndRestore."
+            )
+        self._resume = self._store.load_latest(self._load)
+        _compat.set_initial_epoch(self.model, self._resume.epoch if self._resume else None)
+        self._hook_states = list(self._resume.hook_states) if self._resume else []
+        if self._position is not None:
+            self._position.resume = self._resume
+            self._position.hook_states = self._hook_states
+        self._unsaved_steps = 0
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        """Restores the metrics and the random state in the resumed epoch; remembers the random state."""
+        self._epoch = epoch
+        self._steps_in_epoch = 0
+        self._counted_from = 0
+        resume, self._resume = self._resume, None
+        if resume is not None:
+            self._counted_from = resume.step
+            if resume.step:
+                self._restore_metrics(resume.metric_values)
+            if self._position is not None:
+                self._replay_data_hooks(resume.hook_states)
+            resume.random_state.restore()
+        self._epoch_random_state = RandomState.capture()
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        """Writes a backup when ``save_freq`` steps were trained since the last one."""
+        if self._every is not None and self._unsaved_steps + batch - self._counted_from >= self._every:
+            assert self._position is not None
+            self._write(self._epoch, batch, *self._position.at_step(batch), self._epoch_random_state)
+            self._unsaved_steps, self._counted_from = 0, batch
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        """Counts the epoch's steps (``batch`` is the last step of the execution)."""
+        self._steps_in_epoch = batch + 1
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        """Writes the epoch's backup (with an integer ``save_freq``: when one is due)."""
+        self._unsaved_steps += self._steps_in_epoch - self._counted_from
+        if self._every is None or self._unsaved_steps >= self._every:
+            position = self._position.at_next_epoch() if self._position is not None else (0, 0)
+            self._write(epoch + 1, 0, *position, RandomState.capture())
+            self._unsaved_steps = 0
+
+    def on_train_end(self, logs: Any = None) -> None:
+        """Deletes the backups (``delete_checkpoint``); the next ``fit`` starts at its own ``initial_epoch``."""
+        _compat.set_initial_epoch(self.model, None)
+        if self.delete_checkpoint:
+            self._store.clear()
+
+    # Writing and reading -------------------------------------------------------------
+
+    def _write(self, epoch: int, step: int, iterator: int, skip: int, random_state: RandomState) -> None:
+        backup = Backup(
+            epoch=epoch,
+            step=step,
+            iterator=iterator,
+            skip=skip,
+            random_state=random_state,
+            hook_states=list(self._hook_states),
+            # At an epoch's start Keras resets the metrics: nothing to restore.
+            metric_values=[[np.asarray(v.numpy()) for v in m.variables] for m in _epoch_metrics(self.model)]
+            if step
+            else [],
+        )
+
+        def fill(directory: Path) -> None:
+            self.model.save_weights(str(directory / _compat.BACKUP_WEIGHTS_FILE))
+            backup.write(directory)
+
+        self._store.write(fill, keep_previous=self.double_checkpoint)
+
+    def _load(self, directory: Path) -> Backup:
+        backup = Backup.read(directory)  # first: a damaged backup must not touch the model
+        if not self.model.built:
+            raise RuntimeError(
+                f"BackupAndRestore found a backup in {self.backup_dir}, but model '{self.model.name}' is not "
+                "built, so its weights cannot be loaded. Fix: build the model before fit() (call it on a "
+                "batch, or model.build(input_shape))."
+            )
+        optimizer = self.model.optimizer
+        if optimizer is not None and not _compat.optimizer_built(optimizer) and not hasattr(optimizer, "build_member"):
+            optimizer.build(self.model.trainable_variables)  # its state is read only into a built optimizer
+        self.model.load_weights(str(directory / _compat.BACKUP_WEIGHTS_FILE))
+        return backup
+
+    def _restore_metrics(self, values: list[list[np.ndarray]]) -> None:
+        """Sets each metric variable to its backed-up value (Keras reset them when the epoch began)."""
+        if self._position is not None and self._position.element_spec is not None:
+            keras3_only.build_compiled_state(self.model, self._position.element_spec)
+        metrics = _epoch_metrics(self.model)
+        shapes = [[tuple(v.shape) for v in metric.variables] for metric in metrics]
+        if shapes != [[value.shape for value in saved] for saved in values]:
+            raise ValueError(
+                f"The backup in {self.backup_dir} holds metrics of another model: expected variables of shapes "
+                f"{shapes}, the backup has {[[value.shape for value in saved] for saved in values]}. Fix: resume "
+                "with the model and compile() arguments of the interrupted run, or use a new backup_dir."
+            )
+        for metric, saved in zip(metrics, values, strict=True):
+            for variable, value in zip(metric.variables, saved, strict=True):
+                variable.assign(value)
+
+    def _replay_data_hooks(self, hook_states: list[tuple[RandomState, RandomState]]) -> None:
+        """Runs the data's ``on_epoch_begin``/``on_epoch_end`` of the epochs before, each in its random state.
+
+        A ``PyDataset`` that reshuffles in its hooks (``np.random.shuffle`` in
+        ``on_epoch_end``) is then in the state it had when the interrupted
+        epoch began.
+        """
+        if not hook_states:
+            return
+        assert self._position is not None and self._position.adapter is not None  # only such data records hooks
+        adapter = self._position.adapter
+        for begin, end in hook_states:
+            begin.restore()
+            adapter.on_epoch_begin()
+            end.restore()
+            adapter.on_epoch_end()
+
+
+def _epoch_metrics(model: keras.Model) -> list[Any]:
+    """The metrics ``fit`` accumulates over an epoch: ``model.metrics`` and the ``loss`` tracker.
+
+    (``CustomModel.metrics`` lists the ``loss`` tracker of a model compiled
+    without a loss only once a step has reported a loss, which a resumed run
+    has not done yet when it restores them.)
+    """
+    tracker = _compat.loss_tracker(model)
+    return ([tracker] if tracker is not None else []) + [m for m in model.metrics if m is not tracker]

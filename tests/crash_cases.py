@@ -1,0 +1,248 @@
+"""A training script that the kill harness (tests/test_backup_and_restore.py) runs, kills and restarts.
+
+    python -m tests.crash_cases SCENARIO BACKUP_DIR RESULT.npz [--save-freq N]
+
+Each scenario is a user's script: seed everything, build the model and the
+data, ``fit`` with :class:`custom_fit.BackupAndRestore`. Run again after a
+kill, it resumes from the backup. When ``fit`` completes it writes the model's
+and the optimizers' variables and the last epoch's history to ``RESULT.npz``.
+
+It prints, flushed, the lines the harness waits for: ``TRAINING`` when
+``fit`` begins, ``STEP`` after each step and ``WRITING`` when a backup write
+starts (the write then pauses 50 ms before its rename, so that kills land
+inside it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np
+import tensorflow as tf
+
+import custom_fit
+from custom_fit import keras
+
+EPOCHS = 6
+SAMPLES = 120
+BATCH = 8  # 15 steps per epoch, 90 in all
+STEP_SECONDS = 0.01  # a pause after each step, for kills between and inside steps
+
+
+class HarnessBackup(custom_fit.BackupAndRestore):
+    """``BackupAndRestore`` that announces its writes and makes them last long enough to be killed in."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        write = self._store.write
+
+        def announced_write(fill: Callable[[Path], object], keep_previous: bool = True) -> Path:
+            def slow_fill(directory: Path) -> None:
+                print("WRITING", flush=True)
+                fill(directory)
+                time.sleep(0.05)  # complete files, not yet renamed into place
+
+            return write(slow_fill, keep_previous)
+
+        self._store.write = announced_write  # type: ignore[method-assign]
+
+
+class Pace(keras.callbacks.Callback):
+    """Says when training starts and when each step ends, and pauses after each step."""
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        print("TRAINING", flush=True)
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        print("STEP", flush=True)
+        time.sleep(STEP_SECONDS)
+
+
+# --------------------------------------------------------------------------
+# Data
+# --------------------------------------------------------------------------
+
+
+def arrays() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(SAMPLES, 6)).astype("float32")
+    y = (x @ rng.normal(size=(6, 1)) + 0.1 * rng.normal(size=(SAMPLES, 1))).astype("float32")
+    return x, y
+
+
+def array_input() -> dict[str, Any]:
+    x, y = arrays()
+    return {"x": x, "y": y, "batch_size": BATCH, "shuffle": True}
+
+
+def tf_data_input() -> dict[str, Any]:
+    """A seeded shuffle that draws a new order for every iterator (every epoch)."""
+    x, y = arrays()
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(SAMPLES, seed=7).batch(BATCH)
+    return {"x": dataset, "shuffle": False}  # the dataset shuffles itself
+
+
+def repeated_tf_data_input() -> dict[str, Any]:
+    """One iterator for the whole run (``repeat`` and ``steps_per_epoch``): resuming skips across epochs."""
+    x, y = arrays()
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(SAMPLES, seed=7).repeat().batch(BATCH)
+    return {"x": dataset, "steps_per_epoch": SAMPLES // BATCH, "shuffle": False}
+
+
+class ShufflingPyDataset(keras.utils.PyDataset if hasattr(keras.utils, "PyDataset") else keras.utils.Sequence):  # type: ignore[misc]
+    """The Keras-2 ``Sequence`` pattern: reshuffles sample indices with NumPy in ``on_epoch_end``, adds noise."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.x, self.y = arrays()
+        self.indices = np.arange(SAMPLES)
+
+    def __len__(self) -> int:
+        return SAMPLES // BATCH
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        batch = self.indices[index * BATCH : (index + 1) * BATCH]
+        noise = np.random.normal(scale=0.01, size=(len(batch), 6)).astype("float32")
+        return self.x[batch] + noise, self.y[batch]
+
+    def on_epoch_end(self) -> None:
+        np.random.shuffle(self.indices)
+
+
+def py_dataset_input() -> dict[str, Any]:
+    return {"x": ShufflingPyDataset()}  # fit's shuffle=True also shuffles the batch order (Python's random)
+
+
+INPUTS: dict[str, Callable[[], dict[str, Any]]] = {
+    "arrays": array_input,
+    "tf_data": tf_data_input,
+    "repeated_tf_data": repeated_tf_data_input,
+    "py_dataset": py_dataset_input,
+}
+
+
+# --------------------------------------------------------------------------
+# Models
+# --------------------------------------------------------------------------
+
+
+def dropout_model(steps_per_execution: int | str = 1) -> keras.Model:
+    model = custom_fit.CustomSequential(
+        [
+            keras.Input((6,)),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dropout(0.3),
+            keras.layers.Dense(1),
+        ]
+    )
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-2), loss="mse", metrics=["mae"], steps_per_execution=steps_per_execution
+    )
+    return model
+
+
+class TwoOptimizers(custom_fit.CustomModel):
+    """Named optimizers with a custom step and logged values (one optimizer per layer)."""
+
+    logged_values = ("first_norm", "loss")
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.hidden = keras.layers.Dense(8, activation="tanh")
+        self.out = keras.layers.Dense(1)
+
+    def build(self, input_shape: Any) -> None:
+        self.hidden.build(input_shape)
+        self.out.build((None, 8))
+
+    def call(self, x: Any, training: bool = False) -> Any:
+        return self.out(self.hidden(x))
+
+    def train_step(self, data: Any) -> dict[str, Any]:
+        x, y = data
+        with tf.GradientTape(persistent=True) as tape:
+            loss = custom_fit.batch_mean(keras.losses.mean_squared_error(y, self(x, training=True)))
+        self.minimize(loss, tape, self.hidden.trainable_variables, optimizer="hidden")
+        self.minimize(loss, tape, self.out.trainable_variables, optimizer="out")
+        self.log_values(x, first_norm=tf.linalg.global_norm(self.hidden.trainable_variables), loss=loss)
+        return self.get_metrics_result()
+
+
+def named_model(steps_per_execution: int | str = 1) -> keras.Model:
+    model = TwoOptimizers()
+    model.build((None, 6))
+    optimizers = {"hidden": keras.optimizers.Adam(1e-2), "out": keras.optimizers.SGD(1e-2, momentum=0.9)}
+    model.compile(optimizer=optimizers, steps_per_execution=steps_per_execution)
+    return model
+
+
+def gan_model(loss: str) -> keras.Model:
+    generator = keras.Sequential([keras.Input((4,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(6)])
+    discriminator = keras.Sequential([keras.Input((6,)), keras.layers.Dense(16), keras.layers.Dense(1)])
+    gan = custom_fit.GAN(generator, discriminator, latent_dim=4, loss=loss, seed=3, discriminator_steps=1)
+    gan.compile()
+    return gan
+
+
+def _x_only(inputs: dict[str, Any]) -> dict[str, Any]:
+    """A GAN fits on samples only."""
+    if "y" in inputs:
+        return {**inputs, "y": None}
+    if isinstance(inputs["x"], tf.data.Dataset):
+        return {**inputs, "x": inputs["x"].map(lambda x, y: x)}
+    return inputs  # a PyDataset's (x, y) batches: the GAN uses x
+
+
+SCENARIOS: dict[str, tuple[Callable[[], keras.Model], str]] = {
+    "dropout_arrays": (dropout_model, "arrays"),
+    "dropout_tf_data": (dropout_model, "tf_data"),
+    "dropout_py_dataset": (dropout_model, "py_dataset"),
+    "named_optimizers_repeated_tf_data": (named_model, "repeated_tf_data"),
+    "gan_bce_arrays": (lambda: gan_model("bce"), "arrays"),
+    "gan_hinge_tf_data": (lambda: gan_model("hinge"), "tf_data"),
+    "gan_wgan_gp_py_dataset": (lambda: gan_model("wgan-gp"), "py_dataset"),
+}
+
+
+def variables_of(model: keras.Model) -> list[np.ndarray]:
+    """The model's variables, then every optimizer's (a group's members in order)."""
+    optimizer_variables = list(model.optimizer.variables)
+    return [np.asarray(v.numpy()) for v in list(model.variables) + optimizer_variables]
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("scenario", choices=sorted(SCENARIOS))
+    parser.add_argument("backup_dir")
+    parser.add_argument("result")
+    parser.add_argument("--save-freq", default="5")
+    args = parser.parse_args(argv)
+
+    keras.utils.set_random_seed(1)
+    build, input_kind = SCENARIOS[args.scenario]
+    model = build()
+    inputs = INPUTS[input_kind]()
+    if isinstance(model, custom_fit.GAN):
+        inputs = _x_only(inputs)
+    save_freq: str | int = args.save_freq if args.save_freq == "epoch" else int(args.save_freq)
+    history = model.fit(
+        **inputs,
+        epochs=EPOCHS,
+        verbose=0,
+        callbacks=[HarnessBackup(args.backup_dir, save_freq=save_freq), Pace()],
+    )
+    last_epoch: dict[str, Any] = {f"history_{k}": np.float64(v[-1]) for k, v in history.history.items()}
+    arrays_out: dict[str, Any] = {f"variable_{i}": v for i, v in enumerate(variables_of(model))}
+    np.savez(args.result, **arrays_out, **last_epoch, epochs_run=len(history.epoch))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
