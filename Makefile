@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 JOBS ?= 2
 PYTEST := $(PY) -m pytest -n $(JOBS) --dist loadgroup
 
-.PHONY: install demo test test-keras3 test-keras2 test-fast test-compat lint format bench clean
+.PHONY: install demo test test-keras3 test-keras2 test-fast test-compat lint format bench dist clean
 
 install: $(STAMP)
 
@@ -63,6 +63,15 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 
+## Build the sdist and the wheel into dist/ and check them: metadata and README (twine), wheel contents.
+dist: $(STAMP)
+	rm -rf dist
+	$(PY) -m build --outdir dist .
+	$(PY) -m twine check --strict dist/*
+	$(PY) -c "import glob, zipfile; names = zipfile.ZipFile(*glob.glob('dist/*.whl')).namelist(); \
+		assert 'custom_fit/py.typed' in names, 'wheel lacks custom_fit/py.typed'; \
+		assert all(n.startswith('custom_fit') for n in names), 'wheel holds more than custom_fit: %s' % names"
+
 ## Apply the formatter and the safe lint fixes.
 format: $(STAMP)
 	$(PY) -m ruff format .
@@ -74,4 +83,4 @@ bench: $(STAMP)
 	TF_USE_LEGACY_KERAS=1 $(PY) benchmarks/bench.py
 
 clean:
-	rm -rf $(VENV) .venv-compat build *.egg-info
+	rm -rf $(VENV) .venv-compat build dist *.egg-info
