@@ -9,14 +9,14 @@ STAMP := $(VENV)/.installed
 JOBS ?= 2
 PYTEST := $(PY) -m pytest -n $(JOBS) --dist loadgroup
 
-.PHONY: install demo test test-keras3 test-keras2 test-fast test-compat lint format bench dist clean
+.PHONY: install demo test test-keras3 test-keras2 test-fast test-compat lint format bench dist docs clean
 
 install: $(STAMP)
 
 $(STAMP): setup.cfg setup.py pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[test,demo,lint]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[test,demo,lint,docs]"
 	touch $(STAMP)
 
 ## Train a CNN on scikit-learn's bundled digits with CustomModel and keras.Model, side by side.
@@ -72,6 +72,10 @@ dist: $(STAMP)
 		assert 'custom_fit/py.typed' in names, 'wheel lacks custom_fit/py.typed'; \
 		assert all(n.startswith('custom_fit') for n in names), 'wheel holds more than custom_fit: %s' % names"
 
+## Build the documentation site (mkdocs.yml, docs/) into site/, offline; any warning fails the build.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+
 ## Apply the formatter and the safe lint fixes.
 format: $(STAMP)
 	$(PY) -m ruff format .
@@ -83,4 +87,4 @@ bench: $(STAMP)
 	TF_USE_LEGACY_KERAS=1 $(PY) benchmarks/bench.py
 
 clean:
-	rm -rf $(VENV) .venv-compat build dist *.egg-info
+	rm -rf $(VENV) .venv-compat build dist site *.egg-info
