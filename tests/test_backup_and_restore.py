@@ -262,7 +262,7 @@ def test_a_completed_fit_deletes_its_backups_and_the_next_fit_starts_at_its_init
 # --------------------------------------------------------------------------
 
 KILLS = 8  # per scenario, at seeded random moments
-WRITE_KILL_SHARE = 0.35  # the share of kills aimed inside a backup write
+WRITE_KILLS = 3  # of the KILLS, aimed inside a backup write (in a seeded random order)
 
 
 @dataclasses.dataclass
@@ -275,13 +275,16 @@ class KillReport:
 def run_with_kills(scenario: str, workdir: Path, seed: int, kills: int = KILLS) -> KillReport:
     """Runs ``tests/crash_cases.py scenario`` until it completes, killing it ``kills`` times.
 
-    Each process but the last is killed with SIGKILL: either a random time
-    (0-10 ms) after its r-th step (r uniform in 1..10), or a random time
-    (0-45 ms) after its n-th backup write began (the write lasts at least
-    50 ms). A process trains at most 10 steps of the 90 before its kill, so
-    the run cannot complete before the last kill.
+    Each process but the last is killed with SIGKILL: ``WRITE_KILLS`` of them
+    (at seeded random places in the sequence) a random time (0-45 ms) after
+    their n-th backup write began (n in 1..2; the write lasts at least 50 ms),
+    the others a random time (0-10 ms) after their r-th step (r in 1..10).
+    A process trains at most 10 steps of the 90 before its kill, so the run
+    cannot complete before the last kill.
     """
     rng = random.Random(seed)
+    in_write = [True] * min(WRITE_KILLS, kills) + [False] * max(kills - WRITE_KILLS, 0)
+    rng.shuffle(in_write)
     report = KillReport()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
     command = [
@@ -293,11 +296,13 @@ def run_with_kills(scenario: str, workdir: Path, seed: int, kills: int = KILLS) 
         str(workdir / "result.npz"),
     ]
     while True:
-        kill_in_write = report.kills < kills and rng.random() < WRITE_KILL_SHARE
+        kill_in_write = report.kills < kills and in_write[report.kills]
         trigger = ("WRITING", rng.randint(1, 2)) if kill_in_write else ("STEP", rng.randint(1, 10))
         delay = rng.uniform(0, 0.045) if kill_in_write else rng.uniform(0, crash_cases.STEP_SECONDS)
-        with open(workdir / "stderr.txt", "w") as stderr:
-            process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, cwd=ROOT)
+        with (
+            open(workdir / "stderr.txt", "w") as stderr,
+            subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, cwd=ROOT) as process,
+        ):
             report.restarts += 1
             seen = 0
             assert process.stdout is not None
@@ -344,5 +349,5 @@ def test_sigkill_at_random_moments_changes_nothing(scenario: str, tmp_path: Path
     difference = _max_difference(uninterrupted_results(scenario), tmp_path / "result.npz")
     print(f"\nkill harness: {scenario}: {json.dumps(dataclasses.asdict(report))}, max |difference| {difference}")
     assert report.kills == KILLS
-    assert report.kills_during_write >= 1
+    assert report.kills_during_write == WRITE_KILLS
     assert difference == 0.0
