@@ -30,6 +30,30 @@ KINDS = ["base", "sample_weight", "regularizers", "two_outputs"]
 SINGLE_DEVICE_TOLERANCE = 1e-5
 
 
+def keras3_older_than(*version: int) -> bool:
+    """True on Keras 3 releases before ``version`` (never on Keras 2)."""
+    if custom_fit.KERAS_2:
+        return False
+    return tuple(int(part) for part in custom_fit.keras.version().split(".")[:2]) < version
+
+
+# Two Keras 3 bugs make keras.Model under MirroredStrategy differ from one device on old
+# releases. CustomModel matches keras.Model there bit for bit
+# (test_mirrored_custom_model_equals_keras_model), so the one-device tests expect them.
+#
+# Keras < 3.10 makes metric variables ON_WRITE MirroredVariables with SUM aggregation, and its
+# `Variable.assign_add(v)` is `assign(self + v)`: each replica assigns its `total + v` and the
+# merge sums both, so every step doubles the running total and count. Logged and evaluated
+# values are skewed towards the first batches; the weights are unaffected. Fixed in Keras 3.10.0
+# by keras-team/keras#21072 (commit 4aae578, metric variables are ON_READ).
+MIRRORED_METRICS_MISCOUNTED = keras3_older_than(3, 10)
+# Keras < 3.14 adds `activity_regularizer(output)` undivided, a sum over the batch. Each
+# replica's loss is scaled by 1/replicas, so under MirroredStrategy the penalty is half the
+# one-device one and the models train differently. Fixed in Keras 3.14.0 by
+# keras-team/keras#22021 (commit b9be212, the penalty is divided by the batch size).
+ACTIVITY_PENALTY_SUMMED = keras3_older_than(3, 14)
+
+
 def run_group(directory, *args, timeout=600):
     out = os.path.join(directory, f"{args[0]}.json")
     command = [sys.executable, "-m", "tests.strategy_cases", *args, out]
@@ -80,6 +104,11 @@ def test_mirrored_equals_single_device(mirrored_parity, kind):
     deltas = mirrored_parity[f"mirrored_vs_single/{kind}"]
     parity.record(f"Mirrored x2 vs 1 device (tol {SINGLE_DEVICE_TOLERANCE:g}), {kind}", **deltas)
     assert mirrored_parity["replicas"] == 2
+    if kind == "regularizers" and ACTIVITY_PENALTY_SUMMED:
+        assert deltas["weights"] > 1e-3, "Keras < 3.14 halves the activity penalty per replica"
+        return
+    if MIRRORED_METRICS_MISCOUNTED:  # the logged and evaluated values differ; see above
+        deltas = {"weights": deltas["weights"], "predict": deltas["predict"]}
     assert max(deltas.values()) <= SINGLE_DEVICE_TOLERANCE, deltas
 
 
@@ -88,6 +117,10 @@ def test_mirrored_equals_single_device(mirrored_parity, kind):
 def test_logged_loss_is_the_global_mean(mirrored_parity, kind):
     """Not halved: the per-replica loss is unscaled before it is logged."""
     losses = mirrored_parity[f"loss/{kind}"]
+    if MIRRORED_METRICS_MISCOUNTED or (kind == "regularizers" and ACTIVITY_PENALTY_SUMMED):
+        # Keras' own bugs (see above): keras.Model logs the same values.
+        assert losses["mirrored"] != pytest.approx(losses["single"], rel=1e-5)
+        return
     assert losses["mirrored"] == pytest.approx(losses["single"], rel=1e-5)
 
 
@@ -222,4 +255,6 @@ def test_gan_mirrored_matches_single_device(mirrored_gan):
     assert "error" not in result, result.get("traceback")
     parity.record(f"GAN Mirrored x2 vs 1 device (tol {SINGLE_DEVICE_TOLERANCE:g})", **result)
     assert result["iterations"] == {"generator": 12, "discriminator": 12}
-    assert max(result["weights"], result["history"]) <= SINGLE_DEVICE_TOLERANCE
+    assert result["weights"] <= SINGLE_DEVICE_TOLERANCE
+    if not MIRRORED_METRICS_MISCOUNTED:  # the trackers are keras.metrics.Mean; see above
+        assert result["history"] <= SINGLE_DEVICE_TOLERANCE
