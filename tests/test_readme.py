@@ -18,7 +18,16 @@ pytestmark = pytest.mark.keras3  # the README's examples are written for Keras 3
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 # Each tested block follows a `<!-- block: NAME -->` line.
 BLOCKS = dict(re.findall(r"<!-- block: ([\w-]+) -->\n```python\n(.*?)```", README.read_text(), flags=re.S))
-EXPECTED = {"quickstart", "train-step", "minimize-body", "override-examples", "keras2-step", "gan-step", "scaling"}
+EXPECTED = {
+    "quickstart",
+    "train-step",
+    "minimize-body",
+    "override-examples",
+    "keras2-step",
+    "gan-step",
+    "scaling",
+    "backup",
+}
 
 
 def test_every_named_block_is_found():
@@ -31,13 +40,38 @@ def body(function) -> str:
     return textwrap.dedent(source.split('"""')[-1].strip("\n")).strip()
 
 
-def test_quick_start_runs(tmp_path, monkeypatch, capsys):
+def run_quick_start(namespace: dict) -> str:
+    """Runs the quick start in ``namespace``; returns the validation accuracy it printed."""
+    exec(compile(BLOCKS["quickstart"], "README quick start", "exec"), namespace)
+    return f"{namespace['history'].history['val_accuracy'][-1]:.3f}"
+
+
+def test_quick_start_runs_and_prints_what_it_says(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
-    exec(compile(BLOCKS["quickstart"], "README quick start", "exec"), namespace)
+    accuracy = run_quick_start(namespace)
     assert type(namespace["restored"]) is type(namespace["model"])
-    assert len(eval(capsys.readouterr().out)) == 3  # the printed val_accuracy per epoch
+    assert capsys.readouterr().out == f"validation accuracy: {accuracy}\n"
+    assert f"# {accuracy}" in BLOCKS["quickstart"]  # seeded: the comment shows what it prints
     assert len(BLOCKS["quickstart"].strip().splitlines()) <= 20
+
+
+def test_scaling_snippet_runs_pasted_after_the_quick_start(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    run_quick_start(namespace)
+    exec(compile(BLOCKS["scaling"], "README scaling out", "exec"), namespace)
+    assert len(namespace["model"].history.epoch) == 3
+    assert isinstance(namespace["model"].distribute_strategy, namespace["tf"].distribute.MirroredStrategy)
+
+
+def test_backup_snippet_runs_pasted_after_the_quick_start(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    run_quick_start(namespace)
+    exec(compile(BLOCKS["backup"], "README crash-safe training", "exec"), namespace)
+    assert len(namespace["model"].history.epoch) == 3
+    assert not (tmp_path / "backups" / "run-1").exists()  # a completed fit deletes its backups
 
 
 def test_step_excerpt_is_the_real_train_step():
@@ -78,12 +112,6 @@ def test_readme_examples_train(name):
     if name == "TwoOptimizers":
         assert history.history["loss"][0] > 0 and "mae" in history.history
         assert int(model.head_optimizer.iterations) == int(model.optimizer.iterations) == 8
-
-
-def test_scaling_snippet_uses_real_arguments():
-    """The snippet needs a strategy (run by tests/test_distribute.py); here: it parses, and its options exist."""
-    compile(BLOCKS["scaling"], "README scaling out", "exec")
-    assert "clip_after_aggregation" in inspect.signature(custom_fit.CustomModel.compile).parameters
 
 
 def test_gan_example_trains():
