@@ -56,22 +56,18 @@ def test_quick_start_runs_and_prints_what_it_says(tmp_path, monkeypatch, capsys)
     assert len(BLOCKS["quickstart"].strip().splitlines()) <= 20
 
 
-def test_scaling_snippet_runs_pasted_after_the_quick_start(tmp_path, monkeypatch):
+@pytest.mark.parametrize("block", ["scaling", "backup"])
+def test_snippet_runs_pasted_after_the_quick_start(block, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
     run_quick_start(namespace)
-    exec(compile(BLOCKS["scaling"], "README scaling out", "exec"), namespace)
-    assert len(namespace["model"].history.epoch) == 3
-    assert isinstance(namespace["model"].distribute_strategy, namespace["tf"].distribute.MirroredStrategy)
-
-
-def test_backup_snippet_runs_pasted_after_the_quick_start(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    namespace: dict = {}
-    run_quick_start(namespace)
-    exec(compile(BLOCKS["backup"], "README crash-safe training", "exec"), namespace)
-    assert len(namespace["model"].history.epoch) == 3
-    assert not (tmp_path / "backups" / "run-1").exists()  # a completed fit deletes its backups
+    exec(compile(BLOCKS[block], f"README {block} snippet", "exec"), namespace)
+    model = namespace["model"]
+    assert len(model.history.epoch) == 3
+    if block == "scaling":
+        assert isinstance(model.distribute_strategy, namespace["tf"].distribute.MirroredStrategy)
+    else:
+        assert not (tmp_path / "backups" / "run-1").exists()  # a completed fit deletes its backups
 
 
 def test_step_excerpt_is_the_real_train_step():
