@@ -26,24 +26,25 @@ EXPECTED = (
     if bench.KERAS_2
     else {
         AA: {"keras.Model.fit (A)", "keras.Model.fit (B)"},
-        CNN: CLASSIFICATION | {"tf.function loop"},
-        MLP: CLASSIFICATION | {"tf.function loop"},
+        CNN: CLASSIFICATION | {"tf.function loop", bench.EAGER_LOGS},
+        MLP: CLASSIFICATION | {"tf.function loop", bench.EAGER_LOGS},
         GAN: {"keras.io GAN (keras.Model)", "custom_fit.GAN", f"custom_fit.GAN, {AUTO}", "tf.function GAN loop"},
     }
 )
-STATS = ("median", "geomean", "ci", "half_width")
+STATS = bench.STATS
 
 
 def check_ratio(variant: dict, key: str, identity: bool) -> None:
     """``key``'s statistics are consistent; exactly 1 when the variant is its own base."""
-    median, geomean, (low, high) = variant[f"{key}_median"], variant[f"{key}_geomean"], variant[f"{key}_ci"]
+    median, (low, high), half_width = variant[f"{key}_median"], variant[f"{key}_ci"], variant[f"{key}_half_width"]
+    geomean, (t_low, t_high) = variant[f"{key}_geomean"], variant[f"{key}_geomean_ci"]
     if identity:
-        assert (median, geomean, low, high, variant[f"{key}_half_width"]) == (1.0, 1.0, 1.0, 1.0, 0.0)
+        assert (median, low, high, half_width, geomean, t_low, t_high) == (1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0)
         return
-    assert 0 < low <= geomean <= high
-    # Two rounds (--quick): the median is the geometric mean of both ratios, inside the t(1) interval.
-    assert low <= median <= high
-    assert math.isclose(math.log(high / geomean), variant[f"{key}_half_width"], rel_tol=1e-9)
+    # Two rounds (--quick): the median's interval is their range; the median is their geometric mean.
+    assert 0 < low <= median <= high and 0 < t_low <= geomean <= t_high
+    assert math.isclose(median, geomean) and math.isclose(median * median, low * high)
+    assert math.isclose(half_width, max(math.log(median / low), math.log(high / median)), rel_tol=1e-9)
 
 
 def test_quick_benchmark_writes_consistent_results(tmp_path):
@@ -76,6 +77,11 @@ def test_quick_benchmark_writes_consistent_results(tmp_path):
                 else:
                     check_ratio(variant, f"{prefix}ratio_to_loop", variant_name == workload["loop"])
             assert isinstance(variant["ci_target_met"], bool) and isinstance(variant["cpu_ci_target_met"], bool)
+        gains = set() if name == AA else {AUTO} if bench.KERAS_2 or name == GAN else {AUTO, "lazy callbacks"}
+        assert set(workload["gains"]) == gains
+        for label, gain in workload["gains"].items():
+            assert label in {AUTO, "lazy callbacks"} and {gain["variant"], gain["base"]} <= set(workload["variants"])
+            assert 0 < gain["ci"][0] <= gain["median"] <= gain["ci"][1] and f"{label} ({gain['variant']}" in table
         assert workload["ci_target_met"] == all(v.get("ci_target_met", True) for v in workload["variants"].values())
 
 
@@ -90,9 +96,35 @@ def test_t_quantiles():
 def test_ratio_stats():
     stats = bench.ratio_stats([math.log(r) for r in (1.0, 1.1, 0.9, 1.05)])
     assert stats["median"] == pytest.approx(math.sqrt(1.0 * 1.05))
+    assert stats["ci"] == pytest.approx([0.9, 1.1])  # n < 6: the range
+    assert stats["half_width"] == pytest.approx(math.log(stats["median"] / 0.9))
     assert stats["geomean"] == pytest.approx((1.0 * 1.1 * 0.9 * 1.05) ** 0.25)
-    low, high = stats["ci"]
+    low, high = stats["geomean_ci"]
     assert low * high == pytest.approx(stats["geomean"] ** 2) and low < 1 < high
+
+
+def test_the_median_interval_ignores_a_few_disturbed_rounds():
+    # 60 rounds: 54 within ±1%, 6 a neighbour slowed down by half, on either side.
+    rounds = [1.0 + 0.01 * math.sin(i) for i in range(54)] + [0.5, 2.0] * 3
+    stats = bench.ratio_stats([math.log(r) for r in rounds])
+    assert 0.99 <= stats["ci"][0] <= stats["median"] <= stats["ci"][1] <= 1.01
+    t_low, t_high = stats["geomean_ci"]
+    assert t_high / t_low > 1.1  # the t-interval of the mean is widened by the six
+
+
+@pytest.mark.parametrize(
+    ("n", "ranks"),
+    [(1, (1, 1)), (5, (1, 5)), (6, (1, 6)), (10, (2, 9)), (20, (6, 15)), (60, (22, 39)), (100, (40, 61))],
+)
+def test_median_ci_ranks_match_the_sign_test_table(n, ranks):
+    # Ranks of the distribution-free 95% interval, as tabulated (e.g. Conover, Practical Nonparametric Statistics).
+    assert bench.median_ci_ranks(n) == ranks
+    k = ranks[0]
+    if n >= 6:  # coverage 1 - 2 P(B < k) >= 95%, and no narrower interval has it
+        below = sum(math.comb(n, j) for j in range(k)) / 2**n
+        assert 1 - 2 * below >= 0.95 > 1 - 2 * (below + math.comb(n, k) / 2**n)
+    with pytest.raises(ValueError, match="expected n >= 1, received 0"):
+        bench.median_ci_ranks(0)
 
 
 def test_threads_stay_when_the_runtime_is_running():
