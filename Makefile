@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 JOBS ?= 2
 PYTEST := $(PY) -m pytest -n $(JOBS) --dist loadgroup
 
-.PHONY: install demo test test-keras3 test-keras2 test-fast test-compat lint format bench dist docs clean
+.PHONY: install demo test test-keras3 test-keras2 test-fast test-compat compat-venvs lint format bench dist docs clean
 
 install: $(STAMP)
 
@@ -43,7 +43,10 @@ COMPAT_ROWS ?= keras-3.8 keras-3.12 tf_keras-2.17
 COMPAT_TESTS := tests/test_model_parity.py tests/test_compiled.py tests/test_optimizers.py tests/test_gan.py \
 	tests/test_model_saving.py tests/test_functional.py tests/test_distribute.py
 STACK_PINS := ^(tensorflow|keras|tf_keras|numpy|h5py|protobuf|tensorboard)==
+COMPAT_VENVS := $(foreach row,$(COMPAT_ROWS),.venv-compat/$(row)/.installed)
 test-compat: $(addprefix test-compat-,$(COMPAT_ROWS))
+## Only create the compat venvs (CI does it in the background while the main suite runs).
+compat-venvs: $(COMPAT_VENVS)
 .PRECIOUS: .venv-compat/%/.installed  # a stamp, not an intermediate file make may delete
 
 .venv-compat/%/.installed: compat/%.txt constraints.txt setup.cfg setup.py pyproject.toml
