@@ -44,7 +44,10 @@ class StepsPerExecutionTuner:
     The model asks :meth:`plan` before each execution and reports it with
     :meth:`executed` afterwards. Each execution's rate is its steps divided by
     the time since the previous execution ended (so the loop's and the
-    callbacks' time between executions counts). A window of at least
+    callbacks' time between executions counts), unless the execution read
+    from another data iterator than the previous one: a new epoch or a new
+    ``fit``, whose gap holds validation, epoch-end callbacks or time spent
+    outside ``fit``, none of which fusing changes. A window of at least
     ``window_executions`` executions and ``window_seconds`` ends with
     ``sync()``, a host read of the last execution's output, so that queued
     device work is paid inside the window; the window's rate is the median
@@ -91,6 +94,7 @@ class StepsPerExecutionTuner:
         self._rates: dict[int, float] = {}  # the best measured steps/s per number of fused steps
         self._settled_at: float | None = None
         self._last_end: float | None = None
+        self._source: object = None  # the data iterator of the previous execution
         self._window: list[float] = []
         self._window_start = 0.0
 
@@ -103,11 +107,22 @@ class StepsPerExecutionTuner:
         self.planned_steps = 1 if remaining is None else max(1, min(self.steps, remaining))
         return self.planned_steps
 
-    def executed(self, steps: int, sync: Callable[[], Any]) -> None:
-        """Records an execution of ``steps`` steps; ``sync`` waits for its results when a window ends."""
+    def executed(self, steps: int, sync: Callable[[], Any], source: object = None) -> None:
+        """Records an execution of ``steps`` steps.
+
+        Args:
+            steps: The steps the execution ran.
+            sync: Waits for the execution's results; called when a window ends.
+            source: The data iterator the execution read. When it is not the
+                previous execution's, the time since that one is not counted.
+        """
         now = self._clock()
+        new_source, self._source = source is not self._source, source
         if self._last_end is None:  # the first execution (a trace) has nothing to compare with
             self._last_end = self._window_start = now
+            return
+        if new_source:  # a new epoch or fit: the gap is not the loop's per-execution cost
+            self._last_end = now
             return
         self._window.append(steps / max(now - self._last_end, 1e-12))
         self._last_end = now

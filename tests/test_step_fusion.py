@@ -143,3 +143,25 @@ def test_tuner_reprobes_after_a_while_and_stays_capped():
     assert tuner.plan(remaining=3) == 3 and tuner.plan(remaining=None) == 1
     with pytest.raises(ValueError, match="max_steps must be a power of two >= 1, received 6"):
         StepsPerExecutionTuner(max_steps=6)
+
+
+def tune_over_epochs(new_iterator_each_epoch: bool) -> int:
+    """Tunes over 40 epochs of 64 steps with 2 s between epochs; returns the steps an epoch execution fuses."""
+    clock = FakeClock()
+    tuner = StepsPerExecutionTuner(max_steps=256, window_executions=4, window_seconds=0.0, clock=clock)
+    for _ in range(40):
+        source = object() if new_iterator_each_epoch else None
+        remaining = 64
+        while remaining:
+            steps = tuner.plan(remaining)
+            clock.now += 0.01 + steps * 0.001  # 10 ms per execution, 1 ms per step: fusing pays up to the epoch
+            tuner.executed(steps, sync=lambda: None, source=source)
+            remaining -= steps
+        clock.now += 2.0  # validation, epoch-end callbacks, or another model's fit (the benchmark)
+    return tuner.plan(remaining=64)
+
+
+def test_tuner_does_not_count_the_time_between_epochs():
+    assert tune_over_epochs(new_iterator_each_epoch=True) == 64
+    # Counting the 2 s gaps (as when every execution reports the same source) makes fusing look worse.
+    assert tune_over_epochs(new_iterator_each_epoch=False) < 64

@@ -292,7 +292,7 @@ def _tuned(model: Any, function: Callable[[Any], Any], tuner: Any) -> Callable[[
     def tuned_function(iterator: Any) -> Any:
         steps = int(model._steps_per_execution.numpy())
         logs = function(iterator)
-        tuner.executed(steps, sync=lambda: [np.asarray(v) for v in tf.nest.flatten(logs)[:1]])
+        tuner.executed(steps, sync=lambda: [np.asarray(v) for v in tf.nest.flatten(logs)[:1]], source=iterator)
         model._steps_per_execution.assign(tuner.steps)
         return logs
 

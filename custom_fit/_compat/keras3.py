@@ -271,7 +271,7 @@ def make_step_function(
                 raise StopIteration
             logs = outputs.get_value()
             if tuner is not None:
-                tuner.executed(steps, sync=lambda: [np.asarray(v) for v in tf.nest.flatten(logs)[:1]])
+                tuner.executed(steps, sync=lambda: [np.asarray(v) for v in tf.nest.flatten(logs)[:1]], source=iterator)
             return logs
         # `train_on_batch` & co. pass a Python generator of batches.
         for _, data in zip(range(fixed_steps), iterator, strict=False):
