@@ -15,9 +15,9 @@ Method, built to resolve a 2% difference in throughput on a shared machine:
   optimizer creation). A *sample* is then one timed call of the variant's ``run()``:
   one epoch over a fixed dataset of N training examples (``fit(..., epochs=1,
   verbose=0, shuffle=False)`` or one pass of the hand-written loop), N chosen per
-  workload so that a run takes about 0.2-0.5 s on a 2-core CPU with one thread: short
-  samples let most of them run undisturbed by the machine's neighbours, and each
-  includes ``fit``'s per-epoch work (data adapter, callbacks) once. Each sample
+  workload so that a run takes about 0.3-0.8 s on a 2-core CPU with one thread: short
+  samples let most of them run undisturbed (see Statistics), and each includes
+  ``fit``'s per-epoch work (data adapter, callbacks; about 0.1 s) once. Each sample
   records wall time (``time.perf_counter``) and process CPU time
   (``time.process_time``, all threads); ``gc.collect()`` runs, untimed, before each
   (with the variants frozen out of the collector, ``gc.freeze``, so that it is quick).
@@ -32,8 +32,8 @@ Method, built to resolve a 2% difference in throughput on a shared machine:
   distribution-free 95% confidence interval: the order statistics ``x_(k)`` and
   ``x_(n+1-k)`` of the n per-round ratios, ``k`` from Binomial(n, 1/2) (the sign
   test's interval; :func:`median_ci_ranks`). On a shared virtual machine per-sample
-  times have heavy tails (a neighbour takes half of some samples' time), which the
-  median ignores and a mean does not; the geometric mean with its Student-t
+  times have heavy tails (the host takes the virtual CPU away for about a second
+  now and then), which the median ignores and a mean does not; the geometric mean with its Student-t
   interval is recorded too (``*_geomean``, ``*_geomean_ci``). The same is done for
   process CPU time (``cpu_ratio_*``), which does not count time the process waited
   but is blind to idle time.
@@ -167,7 +167,7 @@ def ratio_stats(log_ratios: Sequence[float]) -> dict[str, Any]:
     """The median of per-round ratios with its 95% CI, and their geometric mean with its t-interval.
 
     Per-round times on a shared virtual machine have heavy tails: most samples run
-    undisturbed, a few lose half their time to a neighbour. The median and its
+    undisturbed, a few wait about a second while the host runs something else. The median and its
     distribution-free interval ignore those few; the mean and its t-interval do not
     (on this project's 2-core machine, an A/A run's t-interval was 3.5 times as wide
     as the median's from the same rounds). The median is the reported ratio.
@@ -402,9 +402,9 @@ def sizes(quick: bool) -> dict[str, int]:
     """Training examples per run (N) for each workload."""
     if quick:
         return dict(cnn=64, mlp=256, gan=256)
-    # 0.2-0.5 s per run of the reference with one thread on a 2-core AMD EPYC: 64 steps of the CNN,
-    # 128 of the MLP and of the GAN; multiples of the batch size (no partial batch).
-    return dict(cnn=2048, mlp=4096, gan=8192)
+    # 0.3-0.8 s per run with one thread on a 2-core AMD EPYC (fit's own per-epoch work, about 0.1 s,
+    # included): 32 steps of the CNN, 128 of the MLP and of the GAN; whole batches only.
+    return dict(cnn=1024, mlp=4096, gan=8192)
 
 
 def workloads(quick: bool) -> dict[str, Callable[[], Workload]]:
