@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import statistics
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -94,7 +95,7 @@ class StepsPerExecutionTuner:
         self._rates: dict[int, float] = {}  # the best measured steps/s per number of fused steps
         self._settled_at: float | None = None
         self._last_end: float | None = None
-        self._source: object = None  # the data iterator of the previous execution
+        self._source: Callable[[], object] = lambda: None  # the previous execution's data iterator
         self._window: list[float] = []
         self._window_start = 0.0
 
@@ -117,7 +118,8 @@ class StepsPerExecutionTuner:
                 previous execution's, the time since that one is not counted.
         """
         now = self._clock()
-        new_source, self._source = source is not self._source, source
+        new_source = source is not self._source()
+        self._source = _reference(source)
         if self._last_end is None:  # the first execution (a trace) has nothing to compare with
             self._last_end = self._window_start = now
             return
@@ -149,3 +151,11 @@ class StepsPerExecutionTuner:
                 self.steps = current * 2
         else:
             self._settled_at = self._settled_at or self._clock()
+
+
+def _reference(obj: object) -> Callable[[], object]:
+    """A weak reference to ``obj`` where it takes one (a finished epoch's iterator is freed), else a strong one."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:  # None, object(): nothing to free
+        return lambda: obj

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import re
+import weakref
 
 import numpy as np
 import pytest
@@ -165,3 +167,15 @@ def test_tuner_does_not_count_the_time_between_epochs():
     assert tune_over_epochs(new_iterator_each_epoch=True) == 64
     # Counting the 2 s gaps (as when every execution reports the same source) makes fusing look worse.
     assert tune_over_epochs(new_iterator_each_epoch=False) < 64
+
+
+def test_tuner_does_not_keep_a_finished_epochs_iterator_alive():
+    class Iterator:
+        pass
+
+    tuner, iterator = StepsPerExecutionTuner(), Iterator()
+    tuner.executed(1, sync=lambda: None, source=iterator)
+    freed = weakref.ref(iterator)
+    del iterator
+    gc.collect()
+    assert freed() is None
