@@ -32,8 +32,8 @@ Method, built to resolve a 2% difference in throughput on a shared machine:
   distribution-free 95% confidence interval: the order statistics ``x_(k)`` and
   ``x_(n+1-k)`` of the n per-round ratios, ``k`` from Binomial(n, 1/2) (the sign
   test's interval; :func:`median_ci_ranks`). On a shared virtual machine per-sample
-  times have heavy tails (the host takes the virtual CPU away for about a second
-  now and then), which the median ignores and a mean does not; the geometric mean with its Student-t
+  times have heavy tails (some epochs wait 1.7 times as long at unchanged CPU
+  time), which the median ignores and a mean does not; the geometric mean with its Student-t
   interval is recorded too (``*_geomean``, ``*_geomean_ci``). The same is done for
   process CPU time (``cpu_ratio_*``), which does not count time the process waited
   but is blind to idle time.
@@ -167,10 +167,10 @@ def ratio_stats(log_ratios: Sequence[float]) -> dict[str, Any]:
     """The median of per-round ratios with its 95% CI, and their geometric mean with its t-interval.
 
     Per-round times on a shared virtual machine have heavy tails: most samples run
-    undisturbed, a few wait about a second while the host runs something else. The median and its
+    undisturbed, some wait (1.7 times as long at unchanged CPU time). The median and its
     distribution-free interval ignore those few; the mean and its t-interval do not
-    (on this project's 2-core machine, an A/A run's t-interval was 3.5 times as wide
-    as the median's from the same rounds). The median is the reported ratio.
+    (on this project's 2-core machine, A/A runs' t-intervals were 1.5 to 3.4 times as
+    wide as the median's from the same rounds). The median is the reported ratio.
 
     Args:
         log_ratios: ``log(t_reference / t_variant)`` for each round; at least two.
