@@ -39,10 +39,14 @@ class FitLoopHooks:
 
     def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
         arguments = _by_name(super().fit, args, kwargs)  # type: ignore[misc]
-        object.__setattr__(self, "_epoch_position", EpochPosition())
+        position = EpochPosition()
+        object.__setattr__(self, "_epoch_position", position)
         arguments["callbacks"] = self._lazy_callback_list(arguments, add_history=True)
         object.__setattr__(self, "_training_epoch_iterator_pending", True)
-        return super().fit(**arguments)  # type: ignore[misc]
+        try:
+            return super().fit(**arguments)  # type: ignore[misc]
+        finally:
+            position.adapter = None  # it holds the data: not kept past fit, as in Keras
 
     def evaluate(self: Any, *args: Any, **kwargs: Any) -> Any:
         arguments = _by_name(super().evaluate, args, kwargs)  # type: ignore[misc]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import warnings
+import weakref
 from typing import ClassVar
 
 import numpy as np
@@ -385,6 +387,35 @@ def test_no_retracing_across_epochs(steps_per_execution):
     traces = dict(CountsTraces.traces)
     model.fit(X, Y, batch_size=16, epochs=2, verbose=0)
     assert CountsTraces.traces == traces, "a second fit() must not trace again"
+
+
+@pytest.mark.parametrize(
+    ("base", "steps_per_execution", "backup"),
+    [(keras.Model, 1, False), (custom_fit.CustomModel, 1, False), (custom_fit.CustomModel, "auto", True)],
+    ids=["keras.Model", "CustomModel", "CustomModel-auto-backup"],
+)
+def test_fit_frees_its_data_when_it_returns(base, steps_per_execution, backup, tmp_path):
+    """Nothing of a fit's data outlives the call (the model keeps no reference, and no cycle waits for gc).
+
+    Keras frees the data adapter, its ``tf.data`` pipeline and the iterators
+    (one prefetching the next epoch) when ``fit`` returns; a large dataset
+    must not stay in memory until the next garbage collection, or the next fit.
+    """
+    model = functional(base)
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", steps_per_execution=steps_per_execution)
+    save_freq = "epoch" if custom_fit.KERAS_2 else 3  # mid-epoch backups are Keras 3's
+    callbacks = [custom_fit.BackupAndRestore(tmp_path, save_freq=save_freq)] if backup else []
+    model.fit(X, Y, batch_size=16, epochs=1, verbose=0)  # traced, built: later fits make only data objects
+    x, y, x_val, y_val = (np.array(a) for a in (X, Y, DATA["x_val"], DATA["y_val"]))
+    data = [weakref.ref(a) for a in (x, y, x_val, y_val)]
+    gc.collect()
+    gc.disable()
+    try:
+        model.fit(x, y, batch_size=16, epochs=2, validation_data=(x_val, y_val), callbacks=callbacks, verbose=0)
+        del x, y, x_val, y_val
+        assert [ref() is None for ref in data] == [True] * 4
+    finally:
+        gc.enable()
 
 
 def test_minimize_with_no_variables_warns():

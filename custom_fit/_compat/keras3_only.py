@@ -11,6 +11,7 @@ Nothing in this module is public API.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -98,40 +99,45 @@ def steer_epoch_iterator(epoch_iterator: Any, plan: Callable[[int | None], int],
     own, as of 3.8-3.15 (the items grew from ``(step, iterator)`` to
     ``(first, last, iterator)`` in 3.11).
     """
-    it = epoch_iterator
-    adapter = it.data_adapter
+    # The generator reaches the epoch iterator through a weak reference: one
+    # it held would make a cycle (iterator -> generator -> iterator) that keeps
+    # the data, its pipeline and a prefetching tf.data iterator alive after
+    # fit until the garbage collector runs, where Keras frees them on return.
+    epoch_iterator_ref = weakref.ref(epoch_iterator)
+    adapter = epoch_iterator.data_adapter
     # Iterators of a PyDataset or a generator read a Python object (its
     # shuffle draws from Python's random module in a tf.data thread), so
     # making and dropping them would only race with the restored state.
     replays_iterators = not isinstance(adapter, (_PyDatasetAdapter, _GeneratorDataAdapter))
-    position.element_spec = it._get_iterator().element_spec
+    position.element_spec = epoch_iterator._get_iterator().element_spec
     position.adapter = adapter
     position.records_hooks = isinstance(adapter, _PyDatasetAdapter) and _has_own_epoch_hooks(adapter.py_dataset)
 
     def item(first: int, steps: int, iterator: Any) -> tuple[Any, ...]:
         return (first, first + steps - 1, iterator) if _VERSION >= (3, 11) else (first, iterator)
 
-    def new_iterator() -> Any:
+    def new_iterator(it: Any) -> Any:
         position.iterator_made()
         return iter(it._get_iterator())
 
     def enumerate_iterator() -> Any:
+        it = epoch_iterator_ref()
         resume = position.take_resume()
         if resume is not None:
             while replays_iterators and position.iterators_made < resume.iterator:
-                new_iterator()
+                new_iterator(it)
         position.epoch_begins()
         adapter.on_epoch_begin()
         steps_per_epoch = it.steps_per_epoch or it._num_batches or -1
         if steps_per_epoch > 0:
             step = 0
             if resume is not None:
-                it._current_iterator = new_iterator()
+                it._current_iterator = new_iterator(it)
                 for _ in range(resume.skip):  # batches the interrupted run had read
                     next(it._current_iterator)
                 it._steps_seen, step = resume.skip, resume.step
             elif it._current_iterator is None or it.steps_per_epoch is None:
-                it._current_iterator = new_iterator()
+                it._current_iterator = new_iterator(it)
                 it._steps_seen = 0
             position.reading(batches_before_step_0=it._steps_seen - step)
             while step < steps_per_epoch:
@@ -144,12 +150,12 @@ def steer_epoch_iterator(epoch_iterator: Any, plan: Callable[[int | None], int],
                 yield item(step, steps, it._current_iterator)
                 step += steps
             if it._num_batches and it._steps_seen >= it._num_batches:
-                it._current_iterator = new_iterator()
+                it._current_iterator = new_iterator(it)
                 it._steps_seen = 0
             kept = it.steps_per_epoch is not None  # the next epoch reads on from this iterator
             position.epoch_ends(next_skip=it._steps_seen if kept else None)
         else:  # unknown length
-            iterator = new_iterator()
+            iterator = new_iterator(it)
             step = 0
             if resume is not None:
                 for _ in range(resume.skip):
