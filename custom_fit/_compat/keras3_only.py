@@ -103,7 +103,7 @@ def steer_epoch_iterator(epoch_iterator: Any, plan: Callable[[int | None], int],
     # it held would make a cycle (iterator -> generator -> iterator) that keeps
     # the data, its pipeline and a prefetching tf.data iterator alive after
     # fit until the garbage collector runs, where Keras frees them on return.
-    epoch_iterator_ref = weakref.ref(epoch_iterator)
+    epoch_iterator_ref: Callable[[], Any] = weakref.ref(epoch_iterator)
     adapter = epoch_iterator.data_adapter
     # Iterators of a PyDataset or a generator read a Python object (its
     # shuffle draws from Python's random module in a tf.data thread), so
