@@ -58,7 +58,9 @@ the error, where that option fails) and the hand-written ``tf.function`` loop of
 ``benchmarks/baselines.py`` (``ratio_to_loop`` is relative to it). The CNN and the MLP
 also measure ``CustomModel.fit`` given Keras' own ``CallbackList``, whose logs become
 Python numbers after every step: its ratio to ``CustomModel.fit`` is what the lazy
-callbacks of :mod:`custom_fit.callbacks` gain. On Keras 2 the keras.io GAN, that
+callbacks of :mod:`custom_fit.callbacks` gain. The workload "fit call cost" is the CNN's
+with one step per sample: its ratios to the loop show what each ``fit`` call costs
+besides its steps, which every short sample of the other workloads pays once. On Keras 2 the keras.io GAN, that
 variant (tf_keras has no per-step wait to remove) and the loops (Keras 3 code) are left out. Results go to
 ``OUT/results.json``, ``OUT/results.md`` and ``OUT/throughput.png``.
 """
@@ -96,6 +98,7 @@ CI_TARGET = 0.02  # relative half-width of the 95% CI of every wall-time ratio
 AUTO = 'steps_per_execution="auto"'
 STATS = ("median", "ci", "half_width", "geomean", "geomean_ci")  # of each ratio; see ratio_stats
 EAGER_LOGS = "CustomModel.fit, Keras' CallbackList (logs read every step)"
+FIT_COST = "fit call cost (the cnn, one step per fit call)"
 
 Run = Callable[[], object]  # trains on a workload's N examples once
 Builder = Callable[[], Run]  # builds and compiles a variant's model, returns its run()
@@ -306,20 +309,21 @@ def fit_builder(
     return make
 
 
-def classification(kind: str, n: int, batch: int = 32) -> Workload:
+def classification(kind: str, n: int, batch: int = 32, title: str | None = None) -> Workload:
     """The CNN or MLP workload: keras.Model.fit, CustomModel.fit (twice) and, on Keras 3, two more.
 
     On Keras 3 the workload also measures ``CustomModel.fit`` with Keras' own ``CallbackList``
-    (what the lazy callbacks save) and the hand-written loop.
+    (what the lazy callbacks save) and the hand-written loop. ``title`` names it in the results
+    (default: the model and the batch size).
     """
     build = seed_cnn if kind == "cnn" else small_mlp
     rng = np.random.default_rng(0)
     if kind == "cnn":
         x, y = rng.random((n, 32, 32, 3), dtype=np.float32), rng.integers(0, 100, n).astype("int32")
-        title = "cnn (seed 000: 32x32x3, 100 classes, batch 32)"
+        title = title or "cnn (seed 000: 32x32x3, 100 classes, batch 32)"
     else:
         x, y = rng.normal(size=(n, 16)).astype("float32"), rng.integers(0, 10, n).astype("int32")
-        title = "mlp (16-32-10, batch 32)"
+        title = title or "mlp (16-32-10, batch 32)"
     builders = {
         "keras.Model.fit": fit_builder(build, keras.Model, x, y, batch),
         "CustomModel.fit": fit_builder(build, custom_fit.CustomModel, x, y, batch),
@@ -413,6 +417,9 @@ def workloads(quick: bool) -> dict[str, Callable[[], Workload]]:
     result: dict[str, Callable[[], Workload]] = {
         "aa": lambda: aa(s["mlp"]),
         "cnn": lambda: classification("cnn", s["cnn"]),
+        # One step per sample: what each fit call costs besides its steps (Keras builds the data
+        # pipeline and its iterators anew), the cost that many short epochs pay again and again.
+        "fit-cost": lambda: classification("cnn", 32, title=FIT_COST),
         "mlp": lambda: classification("mlp", s["mlp"]),
     }
     if not KERAS_2:
