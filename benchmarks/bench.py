@@ -60,9 +60,10 @@ also measure ``CustomModel.fit`` given Keras' own ``CallbackList``, whose logs b
 Python numbers after every step: its ratio to ``CustomModel.fit`` is what the lazy
 callbacks of :mod:`custom_fit.callbacks` gain. The workload "fit call cost" is the CNN's
 with one step per sample: its ratios to the loop show what each ``fit`` call costs
-besides its steps, which every short sample of the other workloads pays once. On Keras 2 the keras.io GAN, that
-variant (tf_keras has no per-step wait to remove) and the loops (Keras 3 code) are left out. Results go to
-``OUT/results.json``, ``OUT/results.md`` and ``OUT/throughput.png``.
+besides its steps, which every short sample of the other workloads pays once. On Keras 2
+the keras.io GAN, that variant (tf_keras has no per-step wait to remove) and the loops
+(Keras 3 code) are left out. Results go to ``OUT/results.json``, ``OUT/results.md`` and
+``OUT/throughput.png``.
 """
 
 from __future__ import annotations

@@ -30,7 +30,8 @@ import custom_fit
 from custom_fit import keras
 from tests import existing_code, parity
 
-# Keras itself is deterministic on these patterns only with that rewrite off (see the fixture).
+# keras.Model itself is deterministic on these patterns only with Grappler's arithmetic rewrite
+# off (see the fixture), and parity is exact where Keras is deterministic.
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("deterministic_graph_rewrites")]
 
 SEED = 21
