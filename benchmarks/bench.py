@@ -17,7 +17,8 @@ Method, built to resolve a 2% difference in throughput on a shared machine:
   verbose=0, shuffle=False)`` or one pass of the hand-written loop), N chosen per
   workload so that a run takes about 0.3-0.8 s on a 2-core CPU with one thread: short
   samples let most of them run undisturbed (see Statistics), and each includes
-  ``fit``'s per-epoch work (data adapter, callbacks; about 0.1 s) once. Each sample
+  what a ``fit`` call costs besides its steps once (Keras' data pipeline, its iterators,
+  the callbacks: 0.07 s more than a pass of the loop, workload "fit call cost"). Each sample
   records wall time (``time.perf_counter``) and process CPU time
   (``time.process_time``, all threads); ``gc.collect()`` runs, untimed, before each
   (with the variants frozen out of the collector, ``gc.freeze``, so that it is quick).
@@ -407,7 +408,7 @@ def sizes(quick: bool) -> dict[str, int]:
     """Training examples per run (N) for each workload."""
     if quick:
         return dict(cnn=64, mlp=256, gan=256)
-    # 0.3-0.8 s per run with one thread on a 2-core AMD EPYC (fit's own per-epoch work, about 0.1 s,
+    # 0.3-0.8 s per run with one thread on a 2-core AMD EPYC (a fit call's own cost, about 0.1 s,
     # included): 32 steps of the CNN, 128 of the MLP and of the GAN; whole batches only.
     return dict(cnn=1024, mlp=4096, gan=8192)
 
@@ -677,7 +678,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument(
         "--only",
         nargs="+",
-        choices=["aa", "cnn", "mlp", "gan"],
+        choices=["aa", "cnn", "fit-cost", "mlp", "gan"],
         help="only these workloads (aa: the A/A check); results go to <stem>_<names>.*",
     )
     parser.add_argument("--threads", type=int, default=1, help="TensorFlow intra- and inter-op threads (0: default)")
