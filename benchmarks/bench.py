@@ -61,7 +61,9 @@ also measure ``CustomModel.fit`` given Keras' own ``CallbackList``, whose logs b
 Python numbers after every step: its ratio to ``CustomModel.fit`` is what the lazy
 callbacks of :mod:`custom_fit.callbacks` gain. The workload "fit call cost" is the CNN's
 with one step per sample: its ratios to the loop show what each ``fit`` call costs
-besides its steps, which every short sample of the other workloads pays once. On Keras 2
+besides its steps, which every short sample of the other workloads pays once; "cnn, 4
+epochs per fit call" trains the CNN's epochs four to a ``fit`` call (and four passes of the
+loop), as training runs do. On Keras 2
 the keras.io GAN, that variant (tf_keras has no per-step wait to remove) and the loops
 (Keras 3 code) are left out. Results go to ``OUT/results.json``, ``OUT/results.md`` and
 ``OUT/throughput.png``.
@@ -101,6 +103,7 @@ AUTO = 'steps_per_execution="auto"'
 STATS = ("median", "ci", "half_width", "geomean", "geomean_ci")  # of each ratio; see ratio_stats
 EAGER_LOGS = "CustomModel.fit, Keras' CallbackList (logs read every step)"
 FIT_COST = "fit call cost (the cnn, one step per fit call)"
+CNN_EPOCHS = "cnn, 4 epochs per fit call"
 
 Run = Callable[[], object]  # trains on a workload's N examples once
 Builder = Callable[[], Run]  # builds and compiles a variant's model, returns its run()
@@ -292,9 +295,16 @@ class Workload:
 
 
 def fit_builder(
-    build: Callable[[type], keras.Model], base: type, x, y, batch: int, keras_callbacks: bool = False, **compile_kwargs
+    build: Callable[[type], keras.Model],
+    base: type,
+    x,
+    y,
+    batch: int,
+    keras_callbacks: bool = False,
+    epochs: int = 1,
+    **compile_kwargs,
 ) -> Builder:
-    """A builder of ``build(base)``, compiled as the seeds do, whose run is one ``fit`` epoch.
+    """A builder of ``build(base)``, compiled as the seeds do, whose run is one ``fit`` call of ``epochs``.
 
     ``keras_callbacks=True`` hands ``fit`` Keras' own ``CallbackList`` (with ``History``, as
     Keras makes it), which ``CustomModel`` uses as it is: its logs become Python numbers after
@@ -306,17 +316,18 @@ def fit_builder(
         model = build(base)
         model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"], **compile_kwargs)
         callbacks = keras.callbacks.CallbackList(add_history=True, model=model) if keras_callbacks else None
-        return lambda: model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False, callbacks=callbacks)
+        return lambda: model.fit(x, y, batch_size=batch, epochs=epochs, verbose=0, shuffle=False, callbacks=callbacks)
 
     return make
 
 
-def classification(kind: str, n: int, batch: int = 32, title: str | None = None) -> Workload:
+def classification(kind: str, n: int, batch: int = 32, title: str | None = None, epochs: int = 1) -> Workload:
     """The CNN or MLP workload: keras.Model.fit, CustomModel.fit (twice) and, on Keras 3, two more.
 
     On Keras 3 the workload also measures ``CustomModel.fit`` with Keras' own ``CallbackList``
-    (what the lazy callbacks save) and the hand-written loop. ``title`` names it in the results
-    (default: the model and the batch size).
+    (what the lazy callbacks save) and the hand-written loop. A run trains ``epochs`` epochs
+    over the ``n`` examples (one ``fit`` call, or that many passes of the loop). ``title``
+    names it in the results (default: the model and the batch size).
     """
     build = seed_cnn if kind == "cnn" else small_mlp
     rng = np.random.default_rng(0)
@@ -327,14 +338,16 @@ def classification(kind: str, n: int, batch: int = 32, title: str | None = None)
         x, y = rng.normal(size=(n, 16)).astype("float32"), rng.integers(0, 10, n).astype("int32")
         title = title or "mlp (16-32-10, batch 32)"
     builders = {
-        "keras.Model.fit": fit_builder(build, keras.Model, x, y, batch),
-        "CustomModel.fit": fit_builder(build, custom_fit.CustomModel, x, y, batch),
-        f"CustomModel.fit, {AUTO}": fit_builder(build, custom_fit.CustomModel, x, y, batch, steps_per_execution="auto"),
+        "keras.Model.fit": fit_builder(build, keras.Model, x, y, batch, epochs=epochs),
+        "CustomModel.fit": fit_builder(build, custom_fit.CustomModel, x, y, batch, epochs=epochs),
+        f"CustomModel.fit, {AUTO}": fit_builder(
+            build, custom_fit.CustomModel, x, y, batch, epochs=epochs, steps_per_execution="auto"
+        ),
     }
     gains = [(AUTO, f"CustomModel.fit, {AUTO}", "CustomModel.fit")]
     if KERAS_2:  # tf_keras skips batch hooks nobody implements itself: custom_fit changes nothing there
-        return Workload(title, n, "keras.Model.fit", None, builders, gains)
-    builders[EAGER_LOGS] = fit_builder(build, custom_fit.CustomModel, x, y, batch, keras_callbacks=True)
+        return Workload(title, n * epochs, "keras.Model.fit", None, builders, gains)
+    builders[EAGER_LOGS] = fit_builder(build, custom_fit.CustomModel, x, y, batch, keras_callbacks=True, epochs=epochs)
     gains.append(("lazy callbacks", "CustomModel.fit", EAGER_LOGS))
 
     def loop() -> Run:
@@ -342,9 +355,16 @@ def classification(kind: str, n: int, batch: int = 32, title: str | None = None)
 
         keras.utils.set_random_seed(0)
         run_epoch = baselines.tf_function_loop(build(keras.Model), batch)
-        return lambda: run_epoch(x, y)
 
-    return Workload(title, n, "keras.Model.fit", "tf.function loop", {**builders, "tf.function loop": loop}, gains)
+        def run() -> None:
+            for _ in range(epochs):
+                run_epoch(x, y)
+
+        return run
+
+    return Workload(
+        title, n * epochs, "keras.Model.fit", "tf.function loop", {**builders, "tf.function loop": loop}, gains
+    )
 
 
 def gan(n: int, batch: int = 64, latent: int = 16) -> Workload:
@@ -422,6 +442,8 @@ def workloads(quick: bool) -> dict[str, Callable[[], Workload]]:
         # One step per sample: what each fit call costs besides its steps (Keras builds the data
         # pipeline and its iterators anew), the cost that many short epochs pay again and again.
         "fit-cost": lambda: classification("cnn", 32, title=FIT_COST),
+        # The CNN's epochs in fit calls of four: that cost paid once per four epochs, as in training.
+        "cnn-epochs": lambda: classification("cnn", s["cnn"], title=CNN_EPOCHS, epochs=4),
         "mlp": lambda: classification("mlp", s["mlp"]),
     }
     if not KERAS_2:
@@ -678,7 +700,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument(
         "--only",
         nargs="+",
-        choices=["aa", "cnn", "fit-cost", "mlp", "gan"],
+        choices=["aa", "cnn", "fit-cost", "cnn-epochs", "mlp", "gan"],
         help="only these workloads (aa: the A/A check); results go to <stem>_<names>.*",
     )
     parser.add_argument("--threads", type=int, default=1, help="TensorFlow intra- and inter-op threads (0: default)")

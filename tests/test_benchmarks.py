@@ -19,6 +19,7 @@ AA = "A/A (keras.Model.fit vs itself)"
 CNN = "cnn (seed 000: 32x32x3, 100 classes, batch 32)"
 MLP = "mlp (16-32-10, batch 32)"
 FIT_COST = bench.FIT_COST
+CNN_EPOCHS = bench.CNN_EPOCHS
 GAN = "digits GAN (MLP, batch 64, two optimizers)"
 AUTO = 'steps_per_execution="auto"'
 CLASSIFICATION = {"keras.Model.fit", "CustomModel.fit", f"CustomModel.fit, {AUTO}"}
@@ -27,6 +28,7 @@ EXPECTED = (
         AA: {"keras.Model.fit (A)", "keras.Model.fit (B)"},
         CNN: CLASSIFICATION,
         FIT_COST: CLASSIFICATION,
+        CNN_EPOCHS: CLASSIFICATION,
         MLP: CLASSIFICATION,
     }
     if bench.KERAS_2
@@ -34,6 +36,7 @@ EXPECTED = (
         AA: {"keras.Model.fit (A)", "keras.Model.fit (B)"},
         CNN: CLASSIFICATION | {"tf.function loop", bench.EAGER_LOGS},
         FIT_COST: CLASSIFICATION | {"tf.function loop", bench.EAGER_LOGS},
+        CNN_EPOCHS: CLASSIFICATION | {"tf.function loop", bench.EAGER_LOGS},
         MLP: CLASSIFICATION | {"tf.function loop", bench.EAGER_LOGS},
         GAN: {"keras.io GAN (keras.Model)", "custom_fit.GAN", f"custom_fit.GAN, {AUTO}", "tf.function GAN loop"},
     }
