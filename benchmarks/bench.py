@@ -63,10 +63,9 @@ callbacks of :mod:`custom_fit.callbacks` gain. The workload "fit call cost" is t
 with one step per sample: its ratios to the loop show what each ``fit`` call costs
 besides its steps, which every short sample of the other workloads pays once; "cnn, 4
 epochs per fit call" trains the CNN's epochs four to a ``fit`` call (and four passes of the
-loop), as training runs do. On Keras 2
-the keras.io GAN, that variant (tf_keras has no per-step wait to remove) and the loops
-(Keras 3 code) are left out. Results go to ``OUT/results.json``, ``OUT/results.md`` and
-``OUT/throughput.png``.
+loop), as training runs do. On Keras 2 the keras.io GAN, that variant (tf_keras has no
+per-step wait to remove) and the loops (Keras 3 code) are left out. Results go to
+``OUT/results.json``, ``OUT/results.md`` and ``OUT/throughput.png``.
 """
 
 from __future__ import annotations
