@@ -95,6 +95,17 @@ def test_quick_benchmark_writes_consistent_results(tmp_path):
         assert workload["ci_target_met"] == all(v.get("ci_target_met", True) for v in workload["variants"].values())
 
 
+def test_only_accepts_the_workloads_this_keras_measures(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--only", "resnet", "--threads", "0"])
+    assert "invalid choice: 'resnet'" in capsys.readouterr().err
+    if bench.KERAS_2:  # the GAN is Keras 3 code: named, not measured
+        with pytest.raises(SystemExit):
+            bench.main(["--only", "gan", "--threads", "0"])
+        err = capsys.readouterr().err
+        assert "--only gan: not measured on tf_keras" in err and "expected some of: aa cnn" in err
+
+
 def test_t_quantiles():
     assert bench.t_quantile_975(1) == 12.7062 and bench.t_quantile_975(30) == 2.0423
     assert bench.t_quantile_975(60) > bench.t_quantile_975(61) > bench.t_quantile_975(1000) > 1.96
