@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 JOBS ?= 2
 PYTEST := $(PY) -m pytest -n $(JOBS) --dist loadgroup
 
-.PHONY: install demo test test-keras3 test-keras2 test-fast test-compat compat-venvs lint format bench dist docs clean
+.PHONY: install demo test test-keras3 test-keras2 test-fast test-compat test-compat-lean compat-venvs lint format bench dist docs clean
 
 install: $(STAMP)
 
@@ -58,6 +58,11 @@ compat-venvs: $(COMPAT_VENVS)
 	.venv-compat/$*/bin/python -m pip install --quiet --upgrade pip
 	.venv-compat/$*/bin/python -m pip install --quiet -c compat/$*.txt -c .venv-compat/$*/tools.txt -e ".[test]"
 	touch $@
+
+## The same rows one at a time, each venv removed once its tests pass: for a machine short of disk
+## (each venv takes about 2.6 GB, TensorFlow 1.8 GB of it).
+test-compat-lean:
+	for row in $(COMPAT_ROWS); do $(MAKE) test-compat-$$row && rm -rf .venv-compat/$$row || exit 1; done
 
 test-compat-%: .venv-compat/%/.installed
 	$(if $(findstring tf_keras,$*),TF_USE_LEGACY_KERAS=1) .venv-compat/$*/bin/python -m pytest -n $(JOBS) \
