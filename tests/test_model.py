@@ -418,6 +418,36 @@ def test_fit_frees_its_data_when_it_returns(base, steps_per_execution, backup, t
         gc.enable()
 
 
+@pytest.mark.keras3
+@pytest.mark.parametrize(("data", "iterators"), [("arrays", 3), ("dataset", 6)])
+def test_fit_makes_no_iterator_that_no_epoch_reads(data, iterators, monkeypatch):
+    """Keras makes, at each epoch's end, an iterator the next epoch drops unread; custom_fit not for arrays.
+
+    For arrays ``fit`` builds the pipeline itself and that iterator only costs
+    time; a user's ``tf.data.Dataset`` still gets it, since each iterator of a
+    seeded, reshuffling dataset draws the next order (what a later ``fit`` reads).
+    """
+    made = {"Model": 0, "CustomModel": 0}
+    fitting: list[str] = []  # the class of the model whose fit runs
+    original_iter = tf.data.Dataset.__iter__
+
+    def counted_iter(dataset):
+        made[fitting[-1]] += 1
+        return original_iter(dataset)
+
+    monkeypatch.setattr(tf.data.Dataset, "__iter__", counted_iter)
+    for base in (keras.Model, custom_fit.CustomModel):
+        model = functional(base)
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+        fitting.append(base.__name__)
+        if data == "dataset":
+            dataset = tf.data.Dataset.from_tensor_slices((X, Y)).shuffle(64, seed=1).batch(16)
+            model.fit(dataset, epochs=3, shuffle=False, verbose=0)
+        else:
+            model.fit(X, Y, batch_size=16, epochs=3, verbose=0)
+    assert made == {"Model": 6, "CustomModel": iterators}
+
+
 def test_minimize_with_no_variables_warns():
     class Empty(custom_fit.CustomModel):
         def train_step(self, data):

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import keras
+from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter as _ArrayDataAdapter
 from keras.src.trainers.data_adapters.generator_data_adapter import GeneratorDataAdapter as _GeneratorDataAdapter
 from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter as _PyDatasetAdapter
 
@@ -97,7 +98,15 @@ def steer_epoch_iterator(epoch_iterator: Any, plan: Callable[[int | None], int],
     The rest (data adapter hooks, one iterator per epoch or one kept across
     epochs with ``steps_per_epoch``, the warning when data runs out) is Keras'
     own, as of 3.8-3.15 (the items grew from ``(step, iterator)`` to
-    ``(first, last, iterator)`` in 3.11).
+    ``(first, last, iterator)`` in 3.11), but for one iterator no epoch reads.
+    At the end of each epoch Keras makes the next epoch's iterator; without
+    ``steps_per_epoch`` the next epoch makes its own and drops that one
+    unread. For arrays (``ArrayDataAdapter``), whose pipeline ``fit`` builds
+    for itself, it is not made: making it would only cost time (18 ms for the
+    benchmark's CNN data, plus the batches it prefetches), since every iterator of that pipeline draws its
+    shuffle afresh from the same seed. A ``tf.data.Dataset`` the user passed
+    gets it as in Keras: each iterator of a seeded, reshuffling dataset draws
+    the next order, so the epochs of a later ``fit`` depend on it.
     """
     # The generator reaches the epoch iterator through a weak reference: one
     # it held would make a cycle (iterator -> generator -> iterator) that keeps
@@ -112,6 +121,7 @@ def steer_epoch_iterator(epoch_iterator: Any, plan: Callable[[int | None], int],
     position.element_spec = epoch_iterator._get_iterator().element_spec
     position.adapter = adapter
     position.records_hooks = isinstance(adapter, _PyDatasetAdapter) and _has_own_epoch_hooks(adapter.py_dataset)
+    drops_unread_iterators = isinstance(adapter, _ArrayDataAdapter)
 
     def item(first: int, steps: int, iterator: Any) -> tuple[Any, ...]:
         return (first, first + steps - 1, iterator) if _VERSION >= (3, 11) else (first, iterator)
@@ -149,10 +159,10 @@ def steer_epoch_iterator(epoch_iterator: Any, plan: Callable[[int | None], int],
                 it._steps_seen += steps
                 yield item(step, steps, it._current_iterator)
                 step += steps
-            if it._num_batches and it._steps_seen >= it._num_batches:
-                it._current_iterator = new_iterator(it)
-                it._steps_seen = 0
             kept = it.steps_per_epoch is not None  # the next epoch reads on from this iterator
+            if it._num_batches and it._steps_seen >= it._num_batches:
+                it._current_iterator = None if drops_unread_iterators and not kept else new_iterator(it)
+                it._steps_seen = 0
             position.epoch_ends(next_skip=it._steps_seen if kept else None)
         else:  # unknown length
             iterator = new_iterator(it)
