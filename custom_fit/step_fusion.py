@@ -5,10 +5,12 @@ callback overhead per step, often 2-3x on small models; the best number
 depends on the model, the batch and the machine, so nobody picks it well by
 hand. With ``"auto"``, :class:`StepsPerExecutionTuner` chooses it while ``fit``
 runs: it measures steps per second over windows of executions that end on
-a host sync (so it measures the device, not the dispatch), doubles the number
-of fused steps while that helps by more than 5%, keeps the best, and probes
-one step up again every 30 s. It runs on the main thread, between
-executions (tf_keras' tuner is a thread that races its data handler).
+a host sync (so it measures the device, not the dispatch) and doubles the
+number of fused steps: while executions are short (under 0.25 s) unless
+that makes training measurably slower, then only while it helps by more
+than 5%. It keeps the best and probes one step up again every 30 s. It runs
+on the main thread, between executions (tf_keras' tuner is a thread that
+races its data handler).
 
 What changes, and what does not:
 
@@ -55,11 +57,23 @@ class StepsPerExecutionTuner:
     of its executions' rates, so an epoch boundary (validation, checkpoints)
     or a first trace inside it does not count.
 
+    Each doubling is judged against the number it doubled. While those
+    executions were shorter than ``short_execution_seconds``, it is kept
+    unless it made training slower by more than ``improvement``: a short
+    execution's fixed cost (the Python loop, callbacks, dispatch) can weigh
+    a few percent over several doublings that each gain less than a
+    measurement window resolves. Past that, it is kept only if it made
+    training faster by more than ``improvement``, so that batch callbacks
+    keep running as often as fusing allows without paying for it.
+
     Args:
         max_steps: The largest number of steps fused (a power of two).
         window_executions: The fewest executions a measurement window holds.
         window_seconds: The shortest measurement window.
-        improvement: The relative gain that counts as better (0.05: 5%).
+        improvement: The relative change in throughput that counts as
+            better or worse (0.05: 5%).
+        short_execution_seconds: Below this duration, an execution is worth
+            doubling unless that measurably hurts.
         reprobe_seconds: How long a settled choice is kept before one step up
             is tried again.
         clock: A monotonic clock in seconds (tests pass their own).
@@ -79,6 +93,7 @@ class StepsPerExecutionTuner:
         window_executions: int = 8,
         window_seconds: float = 0.3,
         improvement: float = 0.05,
+        short_execution_seconds: float = 0.25,
         reprobe_seconds: float = 30.0,
         clock: Callable[[], float] = time.perf_counter,
     ):
@@ -88,6 +103,7 @@ class StepsPerExecutionTuner:
         self.window_executions = window_executions
         self.window_seconds = window_seconds
         self.improvement = improvement
+        self.short_execution_seconds = short_execution_seconds
         self.reprobe_seconds = reprobe_seconds
         self._clock = clock
         self.steps = 1  # the number a full execution fuses now
@@ -140,8 +156,8 @@ class StepsPerExecutionTuner:
         current = self.steps
         self._rates[current] = rate
         best = max(self._rates, key=lambda n: self._rates[n])
-        if current > 1 and current // 2 in self._rates and rate < self._rates[current // 2] * (1 + self.improvement):
-            self.steps = best if best != current else current // 2  # doubling did not pay: settle
+        if current > 1 and current // 2 in self._rates and not self._doubling_pays(current // 2, rate):
+            self.steps = best if best != current else current // 2  # settle (a gain within improvement: fewer)
             self._settled_at = self._clock()
         elif self._settled_at is None and current < self.max_steps:
             self.steps = current * 2  # still climbing
@@ -151,6 +167,13 @@ class StepsPerExecutionTuner:
                 self.steps = current * 2
         else:
             self._settled_at = self._settled_at or self._clock()
+
+    def _doubling_pays(self, half: int, rate: float) -> bool:
+        """Whether ``2 * half`` fused steps, measured at ``rate`` steps/s, are worth keeping over ``half``."""
+        half_rate = self._rates[half]
+        if half / half_rate < self.short_execution_seconds:  # short executions: unless it hurts
+            return rate >= half_rate * (1 - self.improvement)
+        return rate >= half_rate * (1 + self.improvement)
 
 
 def _reference(obj: object) -> Callable[[], object]:
