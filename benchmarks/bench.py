@@ -673,7 +673,7 @@ def plot(results: dict, path: Path) -> None:
     )
     ax.invert_yaxis()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # long variant names are not cut off
     plt.close(fig)
 
 
