@@ -190,7 +190,10 @@ def test_variables_without_gradient_warn_once_and_stay_unchanged():
         model.fit(X, Y, batch_size=16, epochs=3, verbose=0)  # partial last batch: traced twice
     ours = [w for w in caught if issubclass(w.category, custom_fit.MissingGradientWarning)]
     assert len(ours) == 1, [str(w.message) for w in caught]
-    assert len(caught) == 1, "Keras' own per-trace warning must not be emitted as well"
+    # Keras' own per-trace warning ("Gradients do not exist for variables ...") must not come too
+    # (Keras 3.12 with NumPy 2 also emits an unrelated DeprecationWarning of its own here).
+    others = [str(w.message) for w in caught if w not in ours and "gradient" in str(w.message).lower()]
+    assert others == [], "Keras' own per-trace warning must not be emitted as well"
     message = str(ours[0].message)
     assert "2 of 4 variables passed to minimize() got no gradient" in message
     assert "unused/kernel" in message and "unused/bias" in message and "Fix:" in message
