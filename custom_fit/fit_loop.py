@@ -73,6 +73,7 @@ class FitLoopHooks:
 
     def _epoch_iterator_made(self: Any, epoch_iterator: Any) -> None:
         """Called with each epoch iterator ``fit``/``evaluate`` make, before any callback runs."""
+        keras3_only.without_autotuning(epoch_iterator)
         callbacks = getattr(self, "_callbacks_waiting_for_steps", None)
         if callbacks is not None:
             object.__setattr__(self, "_callbacks_waiting_for_steps", None)

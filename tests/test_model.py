@@ -451,6 +451,41 @@ def test_fit_makes_no_iterator_that_no_epoch_reads(data, iterators, monkeypatch)
     assert made == {"Model": 6, "CustomModel": iterators}
 
 
+@pytest.mark.keras3
+@pytest.mark.parametrize("data", ["arrays", "dataset"])
+def test_fit_turns_autotuning_off_only_for_the_pipelines_it_builds(data, monkeypatch):
+    """TF 2.21 can block for the age of an autotuned iterator when deleting it (once per epoch).
+
+    custom_fit turns tf.data autotuning off for the pipelines Keras builds
+    from arrays (training and validation); a user's ``tf.data.Dataset`` keeps
+    its options. ``keras.Model`` leaves every pipeline autotuned.
+    """
+    autotuned: dict[str, list[bool]] = {"Model": [], "CustomModel": []}
+    fitting: list[str] = []
+    original_iter = tf.data.Dataset.__iter__
+
+    def recorded_iter(dataset):
+        autotuned[fitting[-1]].append(dataset.options().autotune.enabled is not False)
+        return original_iter(dataset)
+
+    monkeypatch.setattr(tf.data.Dataset, "__iter__", recorded_iter)
+    for base in (keras.Model, custom_fit.CustomModel):
+        model = functional(base)
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+        fitting.append(base.__name__)
+        validation_data = (X[:32], Y[:32])
+        if data == "dataset":
+            dataset = tf.data.Dataset.from_tensor_slices((X, Y)).batch(16)
+            model.fit(dataset, epochs=2, validation_data=validation_data, shuffle=False, verbose=0)
+        else:
+            model.fit(X, Y, batch_size=16, epochs=2, validation_data=validation_data, verbose=0)
+    assert autotuned["Model"] and all(autotuned["Model"])
+    if data == "arrays":
+        assert autotuned["CustomModel"] and not any(autotuned["CustomModel"])
+    else:  # the user's training dataset keeps autotuning; the validation arrays' pipeline does not
+        assert True in autotuned["CustomModel"] and False in autotuned["CustomModel"]
+
+
 def test_minimize_with_no_variables_warns():
     class Empty(custom_fit.CustomModel):
         def train_step(self, data):
