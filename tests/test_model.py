@@ -421,6 +421,32 @@ def test_fit_frees_its_data_when_it_returns(base, steps_per_execution, backup, t
         gc.enable()
 
 
+def _datasets_each_fit_iterates(monkeypatch, fit_kwargs, *, dataset=None):
+    """``{"Model": [...], "CustomModel": [...]}``: each ``tf.data.Dataset`` an iterator was made of, per ``fit``.
+
+    Both models fit ``dataset`` if given (with ``shuffle=False``), else the
+    arrays ``X, Y`` in batches of 16, with ``fit_kwargs``.
+    """
+    iterated: dict[str, list[tf.data.Dataset]] = {"Model": [], "CustomModel": []}
+    fitting: list[str] = []  # the class of the model whose fit runs
+    original_iter = tf.data.Dataset.__iter__
+
+    def recorded_iter(iterated_dataset):
+        iterated[fitting[-1]].append(iterated_dataset)
+        return original_iter(iterated_dataset)
+
+    monkeypatch.setattr(tf.data.Dataset, "__iter__", recorded_iter)
+    for base in (keras.Model, custom_fit.CustomModel):
+        model = functional(base)
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+        fitting.append(base.__name__)
+        if dataset is not None:
+            model.fit(dataset, shuffle=False, verbose=0, **fit_kwargs)
+        else:
+            model.fit(X, Y, batch_size=16, verbose=0, **fit_kwargs)
+    return iterated
+
+
 @pytest.mark.keras3
 @pytest.mark.parametrize(("data", "iterators"), [("arrays", 3), ("dataset", 6)])
 def test_fit_makes_no_iterator_that_no_epoch_reads(data, iterators, monkeypatch):
@@ -430,25 +456,9 @@ def test_fit_makes_no_iterator_that_no_epoch_reads(data, iterators, monkeypatch)
     time; a user's ``tf.data.Dataset`` still gets it, since each iterator of a
     seeded, reshuffling dataset draws the next order (what a later ``fit`` reads).
     """
-    made = {"Model": 0, "CustomModel": 0}
-    fitting: list[str] = []  # the class of the model whose fit runs
-    original_iter = tf.data.Dataset.__iter__
-
-    def counted_iter(dataset):
-        made[fitting[-1]] += 1
-        return original_iter(dataset)
-
-    monkeypatch.setattr(tf.data.Dataset, "__iter__", counted_iter)
-    for base in (keras.Model, custom_fit.CustomModel):
-        model = functional(base)
-        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
-        fitting.append(base.__name__)
-        if data == "dataset":
-            dataset = tf.data.Dataset.from_tensor_slices((X, Y)).shuffle(64, seed=1).batch(16)
-            model.fit(dataset, epochs=3, shuffle=False, verbose=0)
-        else:
-            model.fit(X, Y, batch_size=16, epochs=3, verbose=0)
-    assert made == {"Model": 6, "CustomModel": iterators}
+    dataset = tf.data.Dataset.from_tensor_slices((X, Y)).shuffle(64, seed=1).batch(16) if data == "dataset" else None
+    iterated = _datasets_each_fit_iterates(monkeypatch, {"epochs": 3}, dataset=dataset)
+    assert {name: len(datasets) for name, datasets in iterated.items()} == {"Model": 6, "CustomModel": iterators}
 
 
 @pytest.mark.keras3
@@ -460,25 +470,13 @@ def test_fit_turns_autotuning_off_only_for_the_pipelines_it_builds(data, monkeyp
     from arrays (training and validation); a user's ``tf.data.Dataset`` keeps
     its options. ``keras.Model`` leaves every pipeline autotuned.
     """
-    autotuned: dict[str, list[bool]] = {"Model": [], "CustomModel": []}
-    fitting: list[str] = []
-    original_iter = tf.data.Dataset.__iter__
-
-    def recorded_iter(dataset):
-        autotuned[fitting[-1]].append(dataset.options().autotune.enabled is not False)
-        return original_iter(dataset)
-
-    monkeypatch.setattr(tf.data.Dataset, "__iter__", recorded_iter)
-    for base in (keras.Model, custom_fit.CustomModel):
-        model = functional(base)
-        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
-        fitting.append(base.__name__)
-        validation_data = (X[:32], Y[:32])
-        if data == "dataset":
-            dataset = tf.data.Dataset.from_tensor_slices((X, Y)).batch(16)
-            model.fit(dataset, epochs=2, validation_data=validation_data, shuffle=False, verbose=0)
-        else:
-            model.fit(X, Y, batch_size=16, epochs=2, validation_data=validation_data, verbose=0)
+    dataset = tf.data.Dataset.from_tensor_slices((X, Y)).batch(16) if data == "dataset" else None
+    fit_kwargs = {"epochs": 2, "validation_data": (X[:32], Y[:32])}
+    iterated = _datasets_each_fit_iterates(monkeypatch, fit_kwargs, dataset=dataset)
+    autotuned = {
+        name: [iterated_dataset.options().autotune.enabled is not False for iterated_dataset in datasets]
+        for name, datasets in iterated.items()
+    }
     assert autotuned["Model"] and all(autotuned["Model"])
     if data == "arrays":
         assert autotuned["CustomModel"] and not any(autotuned["CustomModel"])
