@@ -461,7 +461,6 @@ def test_fit_makes_no_iterator_that_no_epoch_reads(data, iterators, monkeypatch)
     assert {name: len(datasets) for name, datasets in iterated.items()} == {"Model": 6, "CustomModel": iterators}
 
 
-@pytest.mark.keras3
 @pytest.mark.parametrize("data", ["arrays", "dataset"])
 def test_fit_turns_autotuning_off_only_for_the_pipelines_it_builds(data, monkeypatch):
     """TF 2.21 can block for the age of an autotuned iterator when deleting it (once per epoch).

@@ -20,6 +20,7 @@ from custom_fit._compat import common
 from custom_fit._compat.common import (
     CountingCall,
     batch_size_of,
+    dataset_without_autotuning,
     explain_xla_errors,
     is_scalar,
     loss_scaling_twins,

@@ -17,6 +17,7 @@ import tensorflow as tf
 __all__ = [
     "CountingCall",
     "batch_size_of",
+    "dataset_without_autotuning",
     "explain_xla_errors",
     "is_scalar",
     "loss_scaling_twins",
@@ -42,6 +43,33 @@ def batch_size_of(x: Any) -> tf.Tensor:
     """The batch size of the first non-``None`` input, as Keras' trainers compute it."""
     first = next(t for t in tf.nest.flatten(x) if t is not None)
     return tf.shape(first)[0]
+
+
+def dataset_without_autotuning(dataset: Any) -> Any:
+    """``dataset`` with tf.data autotuning off; anything else (a distributed dataset) as it is.
+
+    Used for the pipeline ``fit``, ``evaluate`` (and on Keras 2 ``predict``)
+    build from arrays. With TensorFlow 2.21, deleting an autotuned ``tf.data``
+    iterator sometimes blocks until the autotuning thread wakes from a sleep
+    that grows with the iterator's age, and ``fit`` deletes one at the end of
+    every epoch. Measured on the project's 2-core machine, deleting the
+    iterator of Keras 3's array pipeline blocked for 0.4-0.6 s after 6 of 72
+    epochs of 0.65 s and for 1.9 s after 1 of 6 epochs of 3.2 s (tf_keras':
+    2 of 70, 0.58 s); with autotuning off, 0 of 42 did (TensorFlow 2.19 with
+    Keras 3.8: 0 of 42 with autotuning on).
+
+    Autotuning only sizes a pipeline's parallelism and prefetch buffers.
+    Without it, a parallel ``map`` keeps the parallelism it starts with and
+    still returns elements in order, and ``prefetch`` sizes its buffer with
+    its own tuner, so every batch and its order are unchanged. These
+    pipelines gather rows of arrays already in memory, which needs no tuning.
+    A ``tf.data.Dataset`` the user passes keeps its own options.
+    """
+    if not isinstance(dataset, tf.data.Dataset) or dataset.options().autotune.enabled is False:
+        return dataset  # a distributed dataset's options can no longer be set; or already off
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)
 
 
 def set_untracked(obj: Any, name: str, value: Any) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 import tf_keras as keras
+from tf_keras.src.engine import data_adapter as _data_adapter
 from tf_keras.src.engine import functional as _functional
 from tf_keras.src.engine import training as _training
 from tf_keras.src.mixed_precision import loss_scale_optimizer as _lso
@@ -38,6 +39,7 @@ from tf_keras.src.utils import losses_utils as _losses_utils
 from custom_fit._compat import common
 from custom_fit._compat.common import (
     CountingCall,
+    dataset_without_autotuning,
     explain_xla_errors,
     loss_scaling_twins,
     skippable_aggregation,
@@ -576,3 +578,32 @@ class TrainerHooks:
         if optimizer is None or getattr(optimizer, "is_optimizer_group", False):
             return optimizer  # None: a subclass compile() that manages its own optimizers
         return super()._get_optimizer(optimizer)  # type: ignore[misc]
+
+
+# --------------------------------------------------------------------------
+# Data
+# --------------------------------------------------------------------------
+
+_keras_get_data_handler = _data_adapter.get_data_handler
+
+
+def _get_data_handler(*args: Any, **kwargs: Any) -> Any:
+    """tf_keras' ``get_data_handler``; for a custom_fit model's arrays, without tf.data autotuning.
+
+    Why: :func:`custom_fit._compat.common.dataset_without_autotuning`. tf_keras
+    builds the pipeline of ``fit``, ``evaluate`` and ``predict`` inside those
+    methods, where no ``Model`` method sees it, so this module puts this
+    function in the place of the one they call (``data_adapter.get_data_handler``)
+    when it loads. For every model that is not a custom_fit model (one with
+    :class:`TrainerHooks`), and for data other than arrays and tensors, it
+    returns what tf_keras' own returns.
+    """
+    handler = _keras_get_data_handler(*args, **kwargs)
+    if isinstance(kwargs.get("model"), TrainerHooks) and isinstance(
+        getattr(handler, "_adapter", None), _data_adapter.TensorLikeDataAdapter
+    ):
+        handler._dataset = dataset_without_autotuning(handler._dataset)
+    return handler
+
+
+_data_adapter.get_data_handler = _get_data_handler

@@ -16,10 +16,11 @@ from collections.abc import Callable
 from typing import Any
 
 import keras
-import tensorflow as tf
 from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter as _ArrayDataAdapter
 from keras.src.trainers.data_adapters.generator_data_adapter import GeneratorDataAdapter as _GeneratorDataAdapter
 from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter as _PyDatasetAdapter
+
+from custom_fit._compat import common
 
 __all__ = [
     "aggregate_additional_loss",
@@ -188,33 +189,14 @@ def steer_epoch_iterator(epoch_iterator: Any, plan: Callable[[int | None], int],
 def without_autotuning(epoch_iterator: Any) -> None:
     """Turns tf.data autotuning off for the pipeline ``fit``/``evaluate`` build from arrays.
 
-    With TensorFlow 2.21, deleting an autotuned ``tf.data`` iterator sometimes
-    blocks until the autotuning thread wakes from a sleep that grows with the
-    iterator's age, and ``fit`` deletes one at the end of every epoch.
-    Measured on the project's 2-core machine, deleting the iterator of Keras'
-    array pipeline blocked for 0.4-0.6 s after 6 of 72 epochs of 0.65 s and
-    for 1.9 s after 1 of 6 epochs of 3.2 s; with autotuning off, 0 of 42 did
-    (TensorFlow 2.19 with Keras 3.8: 0 of 42 with autotuning on).
-
-    Autotuning only sizes the pipeline's parallelism and prefetch buffer.
-    Without it, ``ParallelMap`` keeps the parallelism it starts with and
-    still returns elements in order, and ``prefetch`` sizes its buffer with
-    its own tuner, so every batch and its order are unchanged. The pipeline
-    gathers rows of arrays already in memory, which needs no tuning.
-
-    Left as Keras makes them: a ``tf.data.Dataset`` the user passed (its
-    options are the user's), generators and ``PyDataset``, and pipelines a
-    ``tf.distribute`` strategy has already split (their options can no
-    longer be set).
+    Why, and why batches are unchanged: :func:`custom_fit._compat.common.dataset_without_autotuning`.
+    Only Keras' ``ArrayDataAdapter`` pipeline: a ``tf.data.Dataset`` the user
+    passed keeps its options, generators and ``PyDataset`` are not tf.data
+    pipelines of Keras' making, and one a ``tf.distribute`` strategy has
+    already split can no longer take options.
     """
-    dataset = epoch_iterator._distributed_dataset
-    if not isinstance(epoch_iterator.data_adapter, _ArrayDataAdapter) or not isinstance(dataset, tf.data.Dataset):
-        return
-    if dataset.options().autotune.enabled is False:  # an evaluation iterator fit reuses every epoch
-        return
-    options = tf.data.Options()
-    options.autotune.enabled = False
-    epoch_iterator._distributed_dataset = dataset.with_options(options)
+    if isinstance(epoch_iterator.data_adapter, _ArrayDataAdapter):
+        epoch_iterator._distributed_dataset = common.dataset_without_autotuning(epoch_iterator._distributed_dataset)
 
 
 def _has_own_epoch_hooks(py_dataset: Any) -> bool:
