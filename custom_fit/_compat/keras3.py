@@ -215,7 +215,7 @@ def make_step_function(
     (``model.unrolled_steps_per_execution`` is not used: one step per
     iteration.) The number of steps is an argument of the traced loop, so a
     ``tuner`` (``steps_per_execution="auto"``) changes it between executions
-    without a retrace; :func:`custom_fit._compat.keras3_only.tune_epoch_iterator`
+    without a retrace; :func:`custom_fit._compat.keras3_only.steer_epoch_iterator`
     tells ``fit``'s epoch iterator how many steps each execution ran.
     """
     strategy = model.distribute_strategy

@@ -1,10 +1,14 @@
-"""Keras 3 private names used only by features that exist only on Keras 3.
+"""Keras 3 private names used only by code paths that exist only on Keras 3.
 
-Two features of custom_fit have no Keras 2 counterpart, because Keras 2 does
+Some features of custom_fit have no Keras 2 counterpart, because Keras 2 does
 them itself or has nothing to do: the Keras-2 meaning of ``compiled_loss`` /
 ``compiled_metrics`` (:mod:`custom_fit.compiled`) and saving random seed
-generator states (:mod:`custom_fit.saving`). Importing this module loads
-Keras 3, so only those Keras-3-only code paths import it.
+generator states (:mod:`custom_fit.saving`). Others reach Keras 3's
+``fit`` loop through its epoch iterator (:mod:`custom_fit.fit_loop`):
+steering it (tuned step fusion, exact resume) and turning tf.data
+autotuning off for its array pipeline, which on Keras 2 happens in
+:mod:`custom_fit._compat.keras2`. Importing this module loads Keras 3, so
+only Keras-3-only code paths import it.
 
 Nothing in this module is public API.
 """
