@@ -30,15 +30,9 @@ class StepFunctions:
 
         Both Kerases call it at the start of ``fit``, before any callback. A
         model never called itself (a GAN, a distiller) is marked built when
-        all its variables exist, and the compiled optimizer is built on the
-        trainable variables, as Keras does under a ``tf.distribute`` strategy:
-        ``BackupAndRestore`` and ``load_model`` build it the same way, so every
-        slot a backup holds finds its variable on restore.
+        all its variables exist, so that Keras' ``BackupAndRestore`` accepts it.
         """
         _compat.mark_built_if_complete(self)
-        if self.built and self.optimizer is not None and not _compat.optimizer_built(self.optimizer):
-            with self.distribute_strategy.scope(), tf.init_scope():
-                self.optimizer.build(self.trainable_variables)
         if self.train_function is None or force:
             step = flat_logs(self._checked_train_step)
             tuner = getattr(self, "_steps_tuner", None)  # compile(steps_per_execution="auto")
@@ -60,9 +54,31 @@ class StepFunctions:
 
     def _checked_train_step(self: Any, data: Any) -> Any:
         """``train_step``, traced under the model's ``StepDiagnostics``; counts steps of named optimizers."""
+        self._build_optimizer_while_tracing()
         with self._diagnostics.tracing_train_step():
             logs = self.train_step(data)
         _compat.mark_built_if_complete(self)  # sub-models without an input shape are built by now
         if isinstance(self.optimizer, NamedOptimizers):
             self.optimizer.count_step()
         return logs
+
+    def _build_optimizer_while_tracing(self: Any) -> None:
+        """Creates the compiled optimizer's state on every trainable variable, in the step's first trace.
+
+        Keras creates it at the same moment: lazily, in the first
+        ``apply_gradients`` of the first trace (outside the graph, under
+        ``tf.init_scope``). ``tf.function`` traces a function again when its
+        first trace created variables, so creating them earlier would trace
+        the step once where Keras traces it twice, and a step that draws
+        Python or NumPy random numbers while it is traced (tf_keras'
+        ``backend.random_normal`` draws its op seed from NumPy) would get
+        other seeds than on ``keras.Model``. Unlike Keras, the state is
+        created for every trainable variable, not only those the step
+        updates, because ``BackupAndRestore``, ``load_model`` and Keras'
+        ``BackupAndRestore`` build it that way before they restore it: every
+        slot a backup holds finds its variable. Under a ``tf.distribute``
+        strategy Keras 3 has built it before tracing.
+        """
+        if self.built and self.optimizer is not None and not _compat.optimizer_built(self.optimizer):
+            with tf.init_scope():
+                self.optimizer.build(self.trainable_variables)

@@ -729,6 +729,160 @@ def trainer(base: type) -> dict[str, Any]:
     )
 
 
+# --------------------------------------------------------------------------
+# Layers that draw from a global random state
+# --------------------------------------------------------------------------
+
+
+def _keras_unseeded_normal(shape: Any) -> Any:
+    if custom_fit.KERAS_2:  # the 2020 keras.io VAE's Sampling layer: its op seed comes from NumPy, at trace time
+        return tf.keras.backend.random_normal(shape)
+    return keras.random.normal(shape)  # Keras 3 without a seed: Keras' global seed generator
+
+
+#: How a layer draws noise without a seed generator of its own, as older keras.io examples do.
+GLOBAL_DRAWS: dict[str, Callable[[Any], Any]] = {
+    "tf.random.normal": lambda shape: tf.random.normal(shape),  # op seeds derived from the global seed
+    "keras unseeded normal": _keras_unseeded_normal,
+}
+
+
+def noisy_gan(base: type, draw: str) -> dict[str, Any]:
+    """The customizing-fit GAN (attribute optimizers, sub-models in ``__init__``) with instance noise.
+
+    The generator's ``InstanceNoise`` layer and the latent vectors draw from
+    the global random state with ``GLOBAL_DRAWS[draw]``.
+    """
+    normal_noise = GLOBAL_DRAWS[draw]
+
+    class InstanceNoise(keras.layers.Layer):
+        def call(self, inputs):
+            return inputs + 0.1 * normal_noise(tf.shape(inputs))
+
+    class GAN(base):
+        def __init__(self, discriminator, generator, latent_dim):
+            super().__init__()
+            self.discriminator = discriminator
+            self.generator = generator
+            self.latent_dim = latent_dim
+
+        def compile(self, d_optimizer, g_optimizer, loss_fn):
+            super().compile()
+            self.d_optimizer = d_optimizer
+            self.g_optimizer = g_optimizer
+            self.loss_fn = loss_fn
+            self.d_loss_metric = keras.metrics.Mean(name="d_loss")
+            self.g_loss_metric = keras.metrics.Mean(name="g_loss")
+
+        @property
+        def metrics(self):
+            return [self.d_loss_metric, self.g_loss_metric]
+
+        def train_step(self, real_images):
+            batch_size = tf.shape(real_images)[0]
+            random_latent_vectors = normal_noise((batch_size, self.latent_dim))
+            generated_images = self.generator(random_latent_vectors)
+            combined_images = tf.concat([generated_images, real_images], axis=0)
+            labels = tf.concat([tf.ones((batch_size, 1)), tf.zeros((batch_size, 1))], axis=0)
+            with tf.GradientTape() as tape:
+                d_loss = self.loss_fn(labels, self.discriminator(combined_images))
+            grads = tape.gradient(d_loss, self.discriminator.trainable_weights)
+            self.d_optimizer.apply_gradients(zip(grads, self.discriminator.trainable_weights))
+            random_latent_vectors = normal_noise((batch_size, self.latent_dim))
+            with tf.GradientTape() as tape:
+                predictions = self.discriminator(self.generator(random_latent_vectors))
+                g_loss = self.loss_fn(tf.zeros((batch_size, 1)), predictions)
+            grads = tape.gradient(g_loss, self.generator.trainable_weights)
+            self.g_optimizer.apply_gradients(zip(grads, self.generator.trainable_weights))
+            self.d_loss_metric.update_state(d_loss)
+            self.g_loss_metric.update_state(g_loss)
+            return {"d_loss": self.d_loss_metric.result(), "g_loss": self.g_loss_metric.result()}
+
+    def generator() -> keras.Model:
+        return keras.Sequential(
+            [
+                keras.Input((LATENT,)),
+                keras.layers.Dense(16, activation="relu"),
+                InstanceNoise(),
+                keras.layers.Dense(FEATURES),
+            ],
+            name="generator",
+        )
+
+    return dict(
+        cls=GAN,
+        make=lambda: GAN(mlp(FEATURES, [16, 1], "discriminator"), generator(), LATENT),
+        compile=lambda: dict(
+            d_optimizer=keras.optimizers.Adam(3e-4),
+            g_optimizer=keras.optimizers.Adam(3e-4),
+            loss_fn=keras.losses.BinaryCrossentropy(from_logits=True),
+        ),
+        fit=lambda: dict(x=vectors(), batch_size=16),
+        optimizers=("d_optimizer", "g_optimizer"),
+        custom_objects={"InstanceNoise": InstanceNoise},
+    )
+
+
+def sampling_vae(base: type, draw: str) -> dict[str, Any]:
+    """The 2020 keras.io VAE: a ``Sampling`` layer inside the functional encoder, one compiled optimizer.
+
+    ``Sampling`` draws its noise from the global random state with ``GLOBAL_DRAWS[draw]``.
+    """
+    normal_noise = GLOBAL_DRAWS[draw]
+
+    class Sampling(keras.layers.Layer):
+        def call(self, inputs):
+            z_mean, z_log_var = inputs
+            epsilon = normal_noise((tf.shape(z_mean)[0], tf.shape(z_mean)[1]))
+            return z_mean + tf.exp(0.5 * z_log_var) * epsilon
+
+    class VAE(base):
+        def __init__(self, encoder, decoder, **kwargs):
+            super().__init__(**kwargs)
+            self.encoder = encoder
+            self.decoder = decoder
+            self.total_loss_tracker = keras.metrics.Mean(name="total_loss")
+            self.kl_loss_tracker = keras.metrics.Mean(name="kl_loss")
+
+        @property
+        def metrics(self):
+            return [self.total_loss_tracker, self.kl_loss_tracker]
+
+        def train_step(self, data):
+            with tf.GradientTape() as tape:
+                z_mean, z_log_var, z = self.encoder(data)
+                reconstruction = self.decoder(z)
+                reconstruction_loss = tf.reduce_mean(tf.reduce_sum(tf.square(data - reconstruction), axis=1))
+                kl_loss = -0.5 * (1 + z_log_var - tf.square(z_mean) - tf.exp(z_log_var))
+                kl_loss = tf.reduce_mean(tf.reduce_sum(kl_loss, axis=1))
+                total_loss = reconstruction_loss + kl_loss
+            grads = tape.gradient(total_loss, self.trainable_weights)
+            self.optimizer.apply_gradients(zip(grads, self.trainable_weights))
+            self.total_loss_tracker.update_state(total_loss)
+            self.kl_loss_tracker.update_state(kl_loss)
+            return {"loss": self.total_loss_tracker.result(), "kl_loss": self.kl_loss_tracker.result()}
+
+    def encoder() -> keras.Model:
+        inputs = keras.Input((FEATURES,))
+        hidden = keras.layers.Dense(16, activation="relu")(inputs)
+        z_mean = keras.layers.Dense(LATENT, name="z_mean")(hidden)
+        z_log_var = keras.layers.Dense(LATENT, name="z_log_var")(hidden)
+        return keras.Model(inputs, [z_mean, z_log_var, Sampling()([z_mean, z_log_var])], name="encoder")
+
+    return dict(
+        cls=VAE,
+        make=lambda: VAE(encoder(), mlp(LATENT, [16, FEATURES], "decoder")),
+        compile=lambda: dict(optimizer=keras.optimizers.Adam()),
+        fit=lambda: dict(x=vectors(), batch_size=16),
+        optimizers=(),
+        custom_objects={"Sampling": Sampling},
+    )
+
+
+#: Models whose layers draw from the global random state (``GLOBAL_DRAWS``), by name.
+GLOBAL_DRAW_MODELS = {"noisy_gan": noisy_gan, "sampling_vae": sampling_vae}
+
+
 @dataclasses.dataclass(frozen=True)
 class Pattern:
     """A pattern made for one base class: how to build, compile and fit it."""
