@@ -16,8 +16,9 @@ from a variable before every execution.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from custom_fit._compat import keras, keras3_only
@@ -37,6 +38,27 @@ class FitLoopHooks:
     :meth:`_epoch_iterator_made` completes what ``fit`` started.
     """
 
+    @property
+    def steps_per_execution(self: Any) -> int:
+        """The number of steps each call of the train, test or predict function runs.
+
+        What ``compile`` was given. With ``compile(steps_per_execution="auto")``,
+        the number of training steps the tuner fuses now (1 until ``fit`` has
+        tuned it), but 1 while ``evaluate`` or ``predict`` run: Keras 3.15's
+        ``evaluate`` and ``predict`` run ``steps_per_execution`` batches even
+        when their ``steps`` asks for fewer (``predict(steps=3)`` with 8
+        fused steps returns 8 batches), so fusing the tuned number could
+        change their results. ``get_compile_config()`` keeps ``"auto"``.
+        """
+        tuner = getattr(self, "_steps_tuner", None)
+        if tuner is None or getattr(self, "_evaluating", False):
+            return self._fixed_steps_per_execution
+        return tuner.steps
+
+    @steps_per_execution.setter
+    def steps_per_execution(self: Any, value: int) -> None:
+        object.__setattr__(self, "_fixed_steps_per_execution", value)  # Keras sets it in __init__ and compile
+
     def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
         arguments = _by_name(super().fit, args, kwargs)  # type: ignore[misc]
         position = EpochPosition()
@@ -51,7 +73,22 @@ class FitLoopHooks:
     def evaluate(self: Any, *args: Any, **kwargs: Any) -> Any:
         arguments = _by_name(super().evaluate, args, kwargs)  # type: ignore[misc]
         arguments["callbacks"] = self._lazy_callback_list(arguments, add_history=False)
-        return super().evaluate(**arguments)  # type: ignore[misc]
+        with self._evaluation():
+            return super().evaluate(**arguments)  # type: ignore[misc]
+
+    def predict(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with self._evaluation():
+            return super().predict(*args, **kwargs)  # type: ignore[misc]
+
+    @contextlib.contextmanager
+    def _evaluation(self: Any) -> Iterator[None]:
+        """While ``evaluate`` or ``predict`` (also ``fit``'s validation) run: see :attr:`steps_per_execution`."""
+        evaluating = getattr(self, "_evaluating", False)
+        object.__setattr__(self, "_evaluating", True)
+        try:
+            yield
+        finally:
+            object.__setattr__(self, "_evaluating", evaluating)
 
     def _lazy_callback_list(self: Any, arguments: dict[str, Any], *, add_history: bool) -> Any:
         """The ``CallbackList`` Keras would make from ``arguments``, lazy; a user's list as it is."""
@@ -74,6 +111,9 @@ class FitLoopHooks:
     def _epoch_iterator_made(self: Any, epoch_iterator: Any) -> None:
         """Called with each epoch iterator ``fit``/``evaluate`` make, before any callback runs."""
         keras3_only.without_autotuning(epoch_iterator)
+        if not getattr(self, "_training_epoch_iterator_pending", False):
+            # Evaluation: fit made its validation's epoch iterator with the number "auto" fused then.
+            keras3_only.set_steps_per_execution(epoch_iterator, self.steps_per_execution)
         callbacks = getattr(self, "_callbacks_waiting_for_steps", None)
         if callbacks is not None:
             object.__setattr__(self, "_callbacks_waiting_for_steps", None)

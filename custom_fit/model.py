@@ -130,8 +130,11 @@ class CustomModel(
                 replica's gradient, Keras 2 the sum (``False`` raises there).
             **kwargs: As for ``keras.Model.compile``; ``steps_per_execution``
                 may also be ``"auto"``: the number of steps fused per
-                execution is tuned during ``fit`` (see
-                :mod:`custom_fit.step_fusion`).
+                execution is tuned during ``fit``, and
+                ``model.steps_per_execution`` reads the number fused now
+                (see :mod:`custom_fit.step_fusion`; a
+                ``StepsPerExecutionTuner`` instance sets other tuning
+                parameters).
 
         A subclass whose own ``compile`` (the keras.io GAN pattern) calls
         ``super().compile()`` without an optimizer gets none, not RMSprop.
@@ -147,12 +150,12 @@ class CustomModel(
         options = dict(kwargs, clip_after_aggregation=clip_after_aggregation)
         _compat.check_compile_arguments(self, optimizer, dict(options, loss=args[0]) if args else options)
         optimizer, kwargs = optimizers.for_compile(self, optimizer, kwargs)
-        auto_steps = kwargs.get("steps_per_execution") == step_fusion.AUTO
-        if auto_steps:
+        tuner = step_fusion.tuner_for(kwargs.get("steps_per_execution"))
+        if tuner is not None:
             kwargs["steps_per_execution"] = 1  # what Keras sees; the tuner decides per execution
         super().compile(optimizer, *args, **kwargs)
-        _compat.set_untracked(self, "_steps_tuner", step_fusion.StepsPerExecutionTuner() if auto_steps else None)
-        if auto_steps:
+        _compat.set_untracked(self, "_steps_tuner", tuner)
+        if tuner is not None:
             _compat.record_compile_option(self, "steps_per_execution", step_fusion.AUTO)
         self._make_logged_value_trackers()
         self.clip_after_aggregation = bool(clip_after_aggregation) or _compat.CLIPS_AFTER_AGGREGATION

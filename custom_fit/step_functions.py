@@ -42,14 +42,27 @@ class StepFunctions:
     def make_test_function(self: Any, force: bool = False) -> Callable[..., Any]:
         """Builds ``self.test_function`` around ``test_step`` (logs flattened)."""
         if self.test_function is None or force:
-            self.test_function = _compat.make_step_function(self, flat_logs(self.test_step), training=False)
+            tuner = getattr(self, "_steps_tuner", None)  # the number of steps may change between executions
+            step = flat_logs(self.test_step)
+            self.test_function = _compat.make_step_function(self, step, training=False, tuner=tuner)
         return self.test_function
 
     def make_predict_function(self: Any, force: bool = False) -> Callable[..., Any]:
-        """Builds ``self.predict_function`` around ``predict_step`` (Keras' own loop, XLA errors explained)."""
-        if self.predict_function is None or force:
+        """Builds ``self.predict_function`` around ``predict_step`` (Keras' own loop, XLA errors explained).
+
+        Keras builds a function that runs one step per call when
+        ``steps_per_execution`` is 1, and its ``predict`` loop hands it as
+        many batches as ``steps_per_execution`` says at each call. With
+        ``steps_per_execution="auto"`` that number grows during ``fit``, so a
+        function built for one step is built again for several, which would
+        otherwise predict only the first batch of each execution.
+        """
+        steps = _steps_per_execution(self)
+        built_for_one_step = getattr(self, "_predict_function_steps", None) == 1
+        if self.predict_function is None or force or (built_for_one_step and steps > 1):
             super().make_predict_function(force=True)  # type: ignore[misc]
             self.predict_function = _compat.explain_xla_errors(self, self.predict_function)
+            _compat.set_untracked(self, "_predict_function_steps", steps)
         return self.predict_function
 
     def _checked_train_step(self: Any, data: Any) -> Any:
@@ -82,3 +95,9 @@ class StepFunctions:
         if self.built and self.optimizer is not None and not _compat.optimizer_built(self.optimizer):
             with tf.init_scope():
                 self.optimizer.build(self.trainable_variables)
+
+
+def _steps_per_execution(model: Any) -> int:
+    """``model.steps_per_execution`` as a number (Keras 2 keeps a variable; ``None`` before ``compile``)."""
+    steps = model.steps_per_execution
+    return 1 if steps is None else int(steps)

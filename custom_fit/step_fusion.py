@@ -35,7 +35,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["AUTO", "StepsPerExecutionTuner"]
+__all__ = ["AUTO", "StepsPerExecutionTuner", "tuner_for"]
 
 #: The ``compile(steps_per_execution=...)`` value that turns tuning on.
 AUTO = "auto"
@@ -174,6 +174,28 @@ class StepsPerExecutionTuner:
         if half / half_rate < self.short_execution_seconds:  # short executions: unless it hurts
             return rate >= half_rate * (1 - self.improvement)
         return rate >= half_rate * (1 + self.improvement)
+
+
+def tuner_for(steps_per_execution: Any) -> StepsPerExecutionTuner | None:
+    """The tuner that ``compile(steps_per_execution=...)`` asks for, or ``None`` for a fixed number.
+
+    ``"auto"`` makes one with the default settings. A
+    :class:`StepsPerExecutionTuner` given instead is used as it is (an
+    advanced setting, for other tuning parameters); the model's compile
+    config says ``"auto"`` either way.
+
+    Example:
+        >>> tuner_for("auto").steps, tuner_for(4)
+        (1, None)
+        >>> mine = StepsPerExecutionTuner(max_steps=16)
+        >>> tuner_for(mine) is mine
+        True
+    """
+    if isinstance(steps_per_execution, StepsPerExecutionTuner):
+        return steps_per_execution
+    if isinstance(steps_per_execution, str) and steps_per_execution == AUTO:
+        return StepsPerExecutionTuner()
+    return None
 
 
 def _reference(obj: object) -> Callable[[], object]:

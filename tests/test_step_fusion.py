@@ -20,10 +20,14 @@ DATA = parity.classification_data()
 X, Y = np.tile(DATA["x"], (4, 1)), np.tile(DATA["y"], 4)  # 396 samples: 25 batches of 16 (last partial)
 
 
-def fast_tuner() -> StepsPerExecutionTuner:
-    """A tuner that measures every two executions and keeps every doubling, so that it climbs within a short test."""
+def fast_tuner(window_executions: int = 2) -> StepsPerExecutionTuner:
+    """A tuner that measures every ``window_executions`` executions and keeps every doubling (climbs fast)."""
     return StepsPerExecutionTuner(
-        max_steps=8, window_executions=2, window_seconds=0.0, improvement=-1.0, short_execution_seconds=0.0
+        max_steps=8,
+        window_executions=window_executions,
+        window_seconds=0.0,
+        improvement=-1.0,
+        short_execution_seconds=0.0,
     )
 
 
@@ -33,12 +37,12 @@ def train(steps_per_execution, verbose=0, epochs=3):
     hidden = keras.layers.BatchNormalization()(keras.layers.Dense(16, activation="relu")(inputs))
     outputs = keras.layers.Dense(parity.N_CLASSES, activation="softmax")(keras.layers.Dropout(0.3)(hidden))
     model = custom_fit.CustomModel(inputs, outputs)
+    if steps_per_execution == "auto":
+        steps_per_execution = fast_tuner()  # climbs to 8 within the first epoch (any gain counts)
     model.compile(
         optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"],
         steps_per_execution=steps_per_execution,
     )  # fmt: skip
-    if steps_per_execution == "auto":
-        model._steps_tuner = fast_tuner()  # climbs to 8 within the first epoch (any gain counts)
     recorder, output = parity.BatchLogRecorder(), io.StringIO()
     with contextlib.redirect_stdout(output):
         history = model.fit(
@@ -48,10 +52,15 @@ def train(steps_per_execution, verbose=0, epochs=3):
     return model, history.history, recorder.logs, output.getvalue()
 
 
-def test_auto_trains_exactly_like_one_step_per_execution():
+# 25 steps per epoch: a window of 2 executions reaches 8 steps in the first epoch; one of 8
+# executions reaches 2 steps in the first epoch, 4 in the second, 8 in the third, so that each
+# validation (through the one epoch iterator fit keeps for it) fuses another number.
+@pytest.mark.parametrize("window_executions", [2, 8], ids=["tuned_in_epoch_1", "tuned_across_epochs"])
+def test_auto_trains_exactly_like_one_step_per_execution(window_executions):
     one, one_history, one_logs, _ = train(1)
-    auto, auto_history, auto_logs, _ = train("auto")
-    assert auto._steps_tuner.steps == 8, "the tuner should have fused more steps"
+    tuner = fast_tuner(window_executions)
+    auto, auto_history, auto_logs, _ = train(tuner)
+    assert tuner.steps == 8, "the tuner should have fused more steps"
     deltas = {
         "weights": parity.max_delta(one.get_weights(), auto.get_weights()),
         "history": parity.max_delta(one_history, auto_history),
@@ -74,6 +83,33 @@ def test_auto_trains_exactly_like_one_step_per_execution():
     assert len(epochs) == 3 and all(epoch[-1] == 24 and epoch == sorted(set(epoch)) for epoch in epochs)
 
 
+def test_steps_per_execution_reads_what_auto_fuses_now():
+    """``model.steps_per_execution`` is the tuner's choice; ``evaluate`` and ``predict`` fuse it, with equal results."""
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((parity.N_FEATURES,))
+    model = custom_fit.CustomModel(inputs, keras.layers.Dense(parity.N_CLASSES, activation="softmax")(inputs))
+    tuner = fast_tuner()
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", steps_per_execution=tuner)
+    assert int(model.steps_per_execution) == 1
+    # Functions made before tuning (for one step) must follow the tuned number afterwards.
+    before = model.predict(X, batch_size=16, verbose=0), model.evaluate(X, Y, batch_size=16, verbose=0)
+    model.fit(X, Y, batch_size=16, epochs=3, verbose=0, validation_data=(DATA["x_val"], DATA["y_val"]))
+    assert tuner.steps == 8
+    assert int(model.steps_per_execution) == 8
+    assert model.get_compile_config()["steps_per_execution"] == "auto"
+
+    weights = model.get_weights()
+    fixed = keras.models.clone_model(model)
+    fixed.compile(optimizer="adam", loss="sparse_categorical_crossentropy", steps_per_execution=1)
+    fixed.set_weights(weights)
+    assert before[0].shape == (len(X), parity.N_CLASSES)
+    for steps in (None, 3):  # all batches, and fewer than the fused steps
+        predictions = model.predict(X, batch_size=16, steps=steps, verbose=0)
+        assert parity.max_delta(predictions, fixed.predict(X, batch_size=16, steps=steps, verbose=0)) == 0
+        loss = model.evaluate(X, Y, batch_size=16, steps=steps, verbose=0)
+        assert loss == fixed.evaluate(X, Y, batch_size=16, steps=steps, verbose=0)
+
+
 def test_progress_bar_ends_each_epoch_like_one_step():
     def final_lines(output):
         output = re.sub(r"\d+(ms|s|us)(/step)?", "T", output)
@@ -94,9 +130,7 @@ def test_gan_auto_logs_the_same_epoch_means():
             [keras.Input((2,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)]
         )
         gan = custom_fit.GAN(generator, discriminator, latent_dim=4, seed=0)
-        gan.compile(steps_per_execution=steps)
-        if steps == "auto":
-            gan._steps_tuner = fast_tuner()
+        gan.compile(steps_per_execution=fast_tuner() if steps == "auto" else steps)
         histories.append(gan.fit(x, batch_size=16, epochs=2, verbose=0).history)
         weights.append(gan.get_weights())
     assert parity.max_delta(histories[0], histories[1]) == 0.0

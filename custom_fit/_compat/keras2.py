@@ -249,9 +249,11 @@ def make_step_function(
 
     The loop reads ``model._steps_per_execution`` (a variable) when it runs,
     and tf_keras' data handler reads it before each execution to number the
-    steps; with a ``tuner`` (``steps_per_execution="auto"``) each execution
-    reports what it ran and the next one runs what the tuner chose (set
-    between executions, on the main thread, unlike tf_keras' own tuner).
+    steps. With the model's ``tuner`` (``steps_per_execution="auto"``) the
+    loop is built for a number that changes: each training execution reports
+    what it ran and the next one runs what the tuner chose (set between
+    executions, on the main thread, unlike tf_keras' own tuner); evaluation
+    runs the current choice.
     """
     counter = model._train_counter if training else model._test_counter
 
@@ -283,7 +285,7 @@ def make_step_function(
         function = tf.function(function, reduce_retracing=True)
         if training:
             model.train_tf_function = function
-    if tuner is not None:
+    if tuner is not None and training:
         function = _tuned(model, function, tuner)
     return explain_xla_errors(model, function)
 

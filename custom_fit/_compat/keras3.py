@@ -213,10 +213,14 @@ def make_step_function(
     fetching the next batch sits in a ``tf.cond``. The arithmetic is the same,
     so results equal Keras' loop bit for bit where Keras' loop works.
     (``model.unrolled_steps_per_execution`` is not used: one step per
-    iteration.) The number of steps is an argument of the traced loop, so a
-    ``tuner`` (``steps_per_execution="auto"``) changes it between executions
-    without a retrace; :func:`custom_fit._compat.keras3_only.steer_epoch_iterator`
-    tells ``fit``'s epoch iterator how many steps each execution ran.
+    iteration.) The number of steps is an argument of the traced loop, read
+    at each call: in training with the model's ``tuner``
+    (``steps_per_execution="auto"``) ``tuner.planned_steps``, and each
+    execution is reported to it; else ``model.steps_per_execution``, which
+    then reads the tuner's current choice. :func:`custom_fit._compat.keras3_only.steer_epoch_iterator`
+    tells ``fit``'s epoch iterator how many steps each execution ran, and
+    :func:`custom_fit._compat.keras3_only.set_steps_per_execution` an
+    evaluation's epoch iterator.
     """
     strategy = model.distribute_strategy
 
@@ -229,7 +233,6 @@ def make_step_function(
     autoconvert = getattr(model, "_autoconvert_optionals", None)  # optional inputs, Keras >= 3.12
     if autoconvert is not None:
         one_step_on_data = autoconvert(one_step_on_data)
-    fixed_steps = model.steps_per_execution
 
     @tf.autograph.experimental.do_not_convert
     def one_step_on_iterator(iterator: Any) -> Any:
@@ -262,7 +265,7 @@ def make_step_function(
 
     def function(iterator: Any) -> Any:
         if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
-            steps = tuner.planned_steps if tuner is not None else fixed_steps
+            steps = tuner.planned_steps if training and tuner is not None else model.steps_per_execution
             if steps == 1:
                 outputs = one_step_on_iterator(iterator)
             else:
@@ -270,11 +273,11 @@ def make_step_function(
             if not outputs.has_value():
                 raise StopIteration
             logs = outputs.get_value()
-            if tuner is not None:
+            if training and tuner is not None:
                 tuner.executed(steps, sync=lambda: [np.asarray(v) for v in tf.nest.flatten(logs)[:1]], source=iterator)
             return logs
         # `train_on_batch` & co. pass a Python generator of batches.
-        for _, data in zip(range(fixed_steps), iterator, strict=False):
+        for _, data in zip(range(model.steps_per_execution), iterator, strict=False):
             logs = one_step_on_data(data)
         return logs
 

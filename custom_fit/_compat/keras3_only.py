@@ -32,6 +32,7 @@ __all__ = [
     "compiled_loss_trackers",
     "compiled_loss_value",
     "seed_generator_states",
+    "set_steps_per_execution",
     "steer_epoch_iterator",
     "sum_losses",
     "without_autotuning",
@@ -188,6 +189,16 @@ def steer_epoch_iterator(epoch_iterator: Any, plan: Callable[[int | None], int],
         adapter.on_epoch_end()
 
     object.__setattr__(epoch_iterator, "_enumerate_iterator", enumerate_iterator)
+
+
+def set_steps_per_execution(epoch_iterator: Any, steps: int) -> None:
+    """Makes an evaluation's epoch iterator count ``steps`` steps per execution from its next epoch on.
+
+    ``EpochIterator`` reads its ``steps_per_execution`` attribute each time
+    an epoch starts, to step through it and number the batches passed to
+    the callbacks; the test function runs the same number of steps.
+    """
+    epoch_iterator.steps_per_execution = steps
 
 
 def without_autotuning(epoch_iterator: Any) -> None:
