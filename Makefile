@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 JOBS ?= 2
 PYTEST := $(PY) -m pytest -n $(JOBS) --dist loadgroup
 
-.PHONY: install demo test test-keras3 test-keras2 test-fast test-compat test-compat-lean compat-venvs lint format bench dist docs clean
+.PHONY: install demo test test-keras3 test-keras2 test-crash test-fast test-compat test-compat-lean compat-venvs lint format bench dist docs clean
 
 install: $(STAMP)
 
@@ -33,6 +33,11 @@ test-keras3: $(STAMP)
 ## Keras 2: tests/ again with TF_USE_LEGACY_KERAS=1 (tf.keras is tf_keras); tests marked keras3 are deselected.
 test-keras2: $(STAMP)
 	TF_USE_LEGACY_KERAS=1 $(PYTEST) tests
+
+## The kill harness on every scenario (make test runs three of the seven): SIGKILLs in steps,
+## backup writes, restores and the final deletion; each run must equal an uninterrupted one.
+test-crash: $(STAMP)
+	$(PYTEST) tests/test_backup_and_restore.py -k sigkill --crash-all
 
 ## The inner loop: Keras 3 tests and doctests not marked slow (no subprocesses, notebooks or benchmark).
 test-fast: $(STAMP)

@@ -29,10 +29,12 @@ __all__ = [
     "KERAS_2",
     "KERAS_VERSION",
     "BackupAndRestore",
+    "BackupDirectoryInUseError",
     "CompiledLoss",
     "CompiledMetrics",
     "CustomModel",
     "CustomSequential",
+    "IncompleteBackupWarning",
     "MissingGradientWarning",
     "NamedOptimizers",
     "UnusedOptimizerWarning",
@@ -50,6 +52,8 @@ _DEFINED_IN = {
     "KERAS_2": "custom_fit._compat",
     "KERAS_VERSION": "custom_fit._compat",
     "BackupAndRestore": "custom_fit.backup_and_restore",
+    "BackupDirectoryInUseError": "custom_fit.backup_store",
+    "IncompleteBackupWarning": "custom_fit.backup_store",
     "CompiledLoss": "custom_fit.compiled",
     "CompiledMetrics": "custom_fit.compiled",
     "CustomModel": "custom_fit.model",
@@ -83,6 +87,7 @@ if TYPE_CHECKING or not _run_as_demo():
     from custom_fit import gan
     from custom_fit._compat import KERAS_2, KERAS_VERSION, keras
     from custom_fit.backup_and_restore import BackupAndRestore
+    from custom_fit.backup_store import BackupDirectoryInUseError, IncompleteBackupWarning
     from custom_fit.compiled import CompiledLoss, CompiledMetrics
     from custom_fit.diagnostics import MissingGradientWarning, UnusedOptimizerWarning, UnusedRegularizationWarning
     from custom_fit.gan import GAN

@@ -255,8 +255,13 @@ class BackupAndRestore(keras.callbacks.Callback):
     backup. What differs:
 
     * a backup is written into a new directory and renamed into place once
-      it is complete and on disk, so a ``SIGKILL`` at any instant (also
-      during a write) leaves the last complete backup loadable;
+      it is complete and on disk, and removed by renaming it away first, so
+      a ``SIGKILL`` at any instant (also during a write, a restore or the
+      final deletion) leaves the last complete backup loadable, or, once
+      the final deletion has begun, a directory the next ``fit`` starts
+      afresh from;
+    * the directory is locked for one process: a second process given the
+      same ``backup_dir`` gets an error instead of overwriting the backups;
     * with an integer ``save_freq`` (Keras 3, custom_fit models) the resumed
       run starts at the step after the backup instead of replaying the epoch,
       and reads the same batches, so the result equals an uninterrupted run
@@ -265,12 +270,15 @@ class BackupAndRestore(keras.callbacks.Callback):
     * the epoch accumulators (metrics, ``logged_values``) and Python's and
       NumPy's global random states are part of the backup.
 
-    When it runs: ``on_train_begin`` loads the newest readable backup (the
-    model must be built); ``on_epoch_begin`` of the resumed epoch restores the
-    metrics and random state; a batch-level backup is written at the
-    ``on_train_batch_begin`` after every ``save_freq`` steps (so never at an
-    epoch's end, where the epoch-end backup follows); ``on_train_end``
-    deletes the backups when ``delete_checkpoint``.
+    When it runs: ``on_train_begin`` locks ``backup_dir`` and loads the
+    newest readable backup (the model must be built); ``on_epoch_begin`` of
+    the resumed epoch restores the metrics and random state; a batch-level
+    backup is written at the ``on_train_batch_begin`` after every
+    ``save_freq`` steps (so never at an epoch's end, where the epoch-end
+    backup follows); ``on_train_end`` deletes the backups when
+    ``delete_checkpoint`` and unlocks ``backup_dir``. (A ``fit`` that raises
+    keeps the lock until its process ends or a later ``fit`` of the same
+    process takes it over.)
 
     Args:
         backup_dir: A directory for this run's backups only.
@@ -282,6 +290,9 @@ class BackupAndRestore(keras.callbacks.Callback):
             when the newest cannot be read (a damaged disk). Backups are
             atomic either way.
         delete_checkpoint: Delete the backups when ``fit`` completes.
+        store: Advanced: the :class:`~custom_fit.backup_store.BackupStore`
+            (or a subclass) that keeps the backups; by default one for
+            ``backup_dir``.
 
     Raises:
         ValueError: ``backup_dir`` is empty, or ``save_freq`` is neither
@@ -302,6 +313,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         *,
         double_checkpoint: bool = False,
         delete_checkpoint: bool = True,
+        store: BackupStore | None = None,
     ):
         super().__init__()
         if not backup_dir:
@@ -327,7 +339,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._every: int | None = None if save_freq == "epoch" else int(save_freq)  # steps between backups
         self.double_checkpoint = double_checkpoint
         self.delete_checkpoint = delete_checkpoint
-        self._store = BackupStore(self.backup_dir)
+        self._store = store if store is not None else BackupStore(self.backup_dir)
         self._resume: Backup | None = None
         self._position: EpochPosition | None = None
         self._epoch = 0
@@ -341,7 +353,12 @@ class BackupAndRestore(keras.callbacks.Callback):
     # Hooks, in the order fit calls them ----------------------------------------------
 
     def on_train_begin(self, logs: Any = None) -> None:
-        """Loads the newest readable backup into the model and tells ``fit`` where to resume."""
+        """Locks ``backup_dir``, loads the newest readable backup into the model, tells ``fit`` where to resume.
+
+        Raises:
+            BackupDirectoryInUseError: Another process uses ``backup_dir``.
+            OSError: Backups exist, but none can be read.
+        """
         self._position = getattr(self.model, "_epoch_position", None)
         if self.save_freq != "epoch" and self._position is None:
             raise TypeError(
@@ -355,6 +372,7 @@ class BackupAndRestore(keras.callbacks.Callback):
                 f"a {type(self.model).__name__}. Fix: use custom_fit.CustomModel (also as CustomModel(inputs, "
                 "outputs)) or custom_fit.CustomSequential, or tf_keras.callbacks.BackupAndRestore."
             )
+        self._store.acquire()
         self._resume = self._store.load_latest(self._load)
         _compat.set_initial_epoch(self.model, self._resume.epoch if self._resume else None)
         self._hook_states = list(self._resume.hook_states) if self._resume else []
@@ -398,10 +416,14 @@ class BackupAndRestore(keras.callbacks.Callback):
             self._unsaved_steps = 0
 
     def on_train_end(self, logs: Any = None) -> None:
-        """Deletes the backups (``delete_checkpoint``); the next ``fit`` starts at its own ``initial_epoch``."""
+        """Deletes the backups (``delete_checkpoint``) and unlocks ``backup_dir``.
+
+        The next ``fit`` starts at its own ``initial_epoch``.
+        """
         _compat.set_initial_epoch(self.model, None)
         if self.delete_checkpoint:
             self._store.clear()
+        self._store.release()
 
     # Writing and reading -------------------------------------------------------------
 

@@ -22,9 +22,24 @@ from tests import parity
 ONLY = {"keras3": not custom_fit.KERAS_2, "keras2": custom_fit.KERAS_2}
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--crash-all",
+        action="store_true",
+        help="also run the tests marked crash_all: the kill harness on every scenario (make test-crash)",
+    )
+
+
+def _deselected(config: pytest.Config, item: pytest.Item) -> bool:
+    """Tests for the Keras that is not in use, and the crash_all tier unless asked for."""
+    if any(not ONLY[m.name] for m in item.iter_markers() if m.name in ONLY):
+        return True
+    return item.get_closest_marker("crash_all") is not None and not config.getoption("--crash-all")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselects tests marked for the Keras that is not in use."""
-    deselected = [item for item in items if any(not ONLY[m.name] for m in item.iter_markers() if m.name in ONLY)]
+    """Deselects tests marked for the Keras that is not in use, and the crash_all tier (see ``--crash-all``)."""
+    deselected = [item for item in items if _deselected(config, item)]
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = [item for item in items if item not in deselected]

@@ -8,9 +8,11 @@ kill, it resumes from the backup. When ``fit`` completes it writes the model's
 and the optimizers' variables and the last epoch's history to ``RESULT.npz``.
 
 It prints, flushed, the lines the harness waits for: ``TRAINING`` when
-``fit`` begins, ``STEP`` after each step and ``WRITING`` when a backup write
-starts (the write then pauses 50 ms before its rename, so that kills land
-inside it).
+``fit`` begins, ``STEP`` after each step, ``WRITING`` when a backup write
+starts (the write then pauses 50 ms before its rename), ``RESTORING`` when a
+backup is loaded (50 ms pause after loading, still inside ``on_train_begin``)
+and ``DELETING`` when the final deletion deletes a backup's files (half of
+them, then a 50 ms pause), so that kills land inside each.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -30,6 +32,9 @@ import tensorflow as tf
 
 import custom_fit
 from custom_fit import keras
+from custom_fit.backup_store import BackupStore
+
+T = TypeVar("T")
 
 EPOCHS = 6
 SAMPLES = 120
@@ -37,22 +42,45 @@ BATCH = 8  # 15 steps per epoch, 90 in all
 STEP_SECONDS = 0.01  # a pause after each step, for kills between and inside steps
 
 
-class HarnessBackup(custom_fit.BackupAndRestore):
-    """``BackupAndRestore`` that announces its writes and makes them last long enough to be killed in."""
+PAUSE = 0.05  # seconds each announced operation lasts at least
 
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        write = self._store.write
 
-        def announced_write(fill: Callable[[Path], object], keep_previous: bool = True) -> Path:
-            def slow_fill(directory: Path) -> None:
-                print("WRITING", flush=True)
-                fill(directory)
-                time.sleep(0.05)  # complete files, not yet renamed into place
+class HarnessStore(BackupStore):
+    """A ``BackupStore`` that announces writes, restores and the final deletion, and makes them last."""
 
-            return write(slow_fill, keep_previous)
+    def __init__(self, directory: str | os.PathLike[str]):
+        super().__init__(directory)
+        self.clearing = False
 
-        self._store.write = announced_write  # type: ignore[method-assign]
+    def write(self, fill: Callable[[Path], object], keep_previous: bool = True) -> Path:
+        def slow_fill(directory: Path) -> None:
+            print("WRITING", flush=True)
+            fill(directory)
+            time.sleep(PAUSE)  # complete files, not yet renamed into place
+
+        return super().write(slow_fill, keep_previous)
+
+    def load_latest(self, load: Callable[[Path], T]) -> T | None:
+        def slow_load(directory: Path) -> T:
+            print("RESTORING", flush=True)
+            loaded = load(directory)
+            time.sleep(PAUSE)  # loaded into the model, fit not started yet
+            return loaded
+
+        return super().load_latest(slow_load)
+
+    def clear(self) -> None:
+        self.clearing = True
+        super().clear()
+
+    def delete_files(self, directory: Path) -> None:
+        if self.clearing:  # the final deletion (writes also delete the backup they replace)
+            files = sorted(path for path in directory.rglob("*") if path.is_file())
+            for path in files[: len(files) // 2]:
+                path.unlink()
+            print("DELETING", flush=True)
+            time.sleep(PAUSE)
+        super().delete_files(directory)
 
 
 class Pace(keras.callbacks.Callback):
@@ -237,7 +265,10 @@ def main(argv: list[str]) -> None:
         **inputs,
         epochs=EPOCHS,
         verbose=0,
-        callbacks=[HarnessBackup(args.backup_dir, save_freq=save_freq), Pace()],
+        callbacks=[
+            custom_fit.BackupAndRestore(args.backup_dir, save_freq=save_freq, store=HarnessStore(args.backup_dir)),
+            Pace(),
+        ],
     )
     last_epoch: dict[str, Any] = {f"history_{k}": np.float64(v[-1]) for k, v in history.history.items()}
     arrays_out: dict[str, Any] = {f"variable_{i}": v for i, v in enumerate(variables_of(model))}
