@@ -37,6 +37,7 @@ __all__ = [
     "IncompleteBackupWarning",
     "MissingGradientWarning",
     "NamedOptimizers",
+    "UntrackedVariableWarning",
     "UnusedOptimizerWarning",
     "UnusedRegularizationWarning",
     "__version__",
@@ -60,6 +61,7 @@ _DEFINED_IN = {
     "CustomSequential": "custom_fit.model",
     "MissingGradientWarning": "custom_fit.diagnostics",
     "NamedOptimizers": "custom_fit.optimizers",
+    "UntrackedVariableWarning": "custom_fit.diagnostics",
     "UnusedOptimizerWarning": "custom_fit.diagnostics",
     "UnusedRegularizationWarning": "custom_fit.diagnostics",
     "batch_mean": "custom_fit.losses",
@@ -89,7 +91,12 @@ if TYPE_CHECKING or not _run_as_demo():
     from custom_fit.backup_and_restore import BackupAndRestore
     from custom_fit.backup_store import BackupDirectoryInUseError, IncompleteBackupWarning
     from custom_fit.compiled import CompiledLoss, CompiledMetrics
-    from custom_fit.diagnostics import MissingGradientWarning, UnusedOptimizerWarning, UnusedRegularizationWarning
+    from custom_fit.diagnostics import (
+        MissingGradientWarning,
+        UntrackedVariableWarning,
+        UnusedOptimizerWarning,
+        UnusedRegularizationWarning,
+    )
     from custom_fit.gan import GAN
     from custom_fit.losses import batch_mean, regularization_loss
     from custom_fit.model import CustomModel, CustomSequential

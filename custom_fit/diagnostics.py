@@ -28,6 +28,7 @@ from custom_fit.optimizers import NamedOptimizers
 __all__ = [
     "MissingGradientWarning",
     "StepDiagnostics",
+    "UntrackedVariableWarning",
     "UnusedOptimizerWarning",
     "UnusedRegularizationWarning",
     "missing_targets_error",
@@ -57,6 +58,16 @@ class UnusedRegularizationWarning(UserWarning):
     """
 
 
+class UntrackedVariableWarning(UserWarning):
+    """The training step reads a trainable ``tf.Variable`` that Keras 3 does not track.
+
+    A raw ``tf.Variable`` set as a layer attribute is missing from
+    ``trainable_variables`` on Keras 3, so no optimizer updates it (tf_keras
+    tracks it). custom_fit saves and restores its value; create it with
+    ``self.add_weight(...)`` to train it.
+    """
+
+
 class StepDiagnostics:
     """Records what one model's training step does while it is traced, and reports misuse.
 
@@ -78,14 +89,17 @@ class StepDiagnostics:
     def tracing_train_step(self) -> Iterator[None]:
         """Records one trace of the training step, then warns about what it left unused.
 
-        Warns about named optimizers the step never used, and about regularized
+        Warns about named optimizers the step never used, about regularized
         variables it updated without computing their penalties (Keras'
-        ``compute_loss`` computes them; a custom multi-loss step may forget).
+        ``compute_loss`` computes them; a custom multi-loss step may forget),
+        and about trainable ``tf.Variable``s it reads that Keras 3 does not
+        track (no optimizer updates them).
         """
         self._trace.used_optimizers, self._trace.minimized = set(), set()
         counters = _compat.count_regularizer_calls(self._model)
         calls_before = {key: counter.calls for key, counter in counters.items()}
         yield
+        self._check_untracked_variables()
         self._check_unused_optimizers()
         skipped = [key for key, c in counters.items() if key in self._trace.minimized and c.calls == calls_before[key]]
         if skipped:
@@ -152,6 +166,30 @@ class StepDiagnostics:
         if key not in self._reported:
             self._reported.add(key)
             warnings.warn(message, category, stacklevel=5)
+
+    def _check_untracked_variables(self) -> None:
+        """Warns about trainable ``tf.Variable``s Keras does not track that the traced step read.
+
+        A variable the step reads is captured by the graph being traced (by
+        its handle); in eager mode (``run_eagerly``) nothing is traced, and
+        nothing is checked.
+        """
+        untracked = [u for u in _compat.untracked_variables(self._model) if u.variable.trainable]
+        if not untracked or not tf.inside_function():
+            return
+        captured = {id(external) for external, _ in tf.compat.v1.get_default_graph().captures}
+        read = [u.name for u in untracked if id(u.variable.handle) in captured]
+        if read:
+            model = self._model
+            self.warn_once(
+                UntrackedVariableWarning,
+                UntrackedVariableWarning,
+                f"{type(model).__name__} '{model.name}': train_step reads trainable tf.Variables that Keras 3 does "
+                f"not track: {read}. Expected every trainable variable to be a Keras variable; these are "
+                "missing from trainable_variables, so no optimizer updates them (custom_fit saves their "
+                "values). Fix: create them with self.add_weight(shape=..., initializer=..., trainable=True) "
+                "in the layer's __init__ or build, or with keras.Variable(...).",
+            )
 
     def _check_unused_optimizers(self) -> None:
         model = self._model

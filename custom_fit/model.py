@@ -39,6 +39,7 @@ from custom_fit.saving import (
     ConfigFromConstructor,
     RecompilesOnLoad,
     SavesOptimizerAssignment,
+    SavesUntrackedVariables,
 )
 from custom_fit.step_functions import StepFunctions
 
@@ -58,7 +59,8 @@ else:
 
 @keras.saving.register_keras_serializable(package="custom_fit")
 class CustomModel(
-    *_KERAS_3_ONLY,  # type: ignore[misc]  # Keras 3 adds two mixins (see above)
+    *_KERAS_3_ONLY,  # type: ignore[misc]  # Keras 3 adds three mixins (see above)
+    SavesUntrackedVariables,
     SavesOptimizerAssignment,
     ConfigFromConstructor,
     StepFunctions,

@@ -225,3 +225,155 @@ def test_subclassed_h5_on_keras2_names_the_fix(tmp_path):
         warnings.filterwarnings("ignore", message=H5_IS_LEGACY)
         with pytest.raises(NotImplementedError, match=r"subclassed models.*save_weights"):
             model.save(tmp_path / "m.h5")
+
+
+# --------------------------------------------------------------------------
+# tf.Variable attributes (the keras.io masked autoencoder's mask_token)
+# --------------------------------------------------------------------------
+
+
+class MaskedPatchEncoder(keras.layers.Layer):
+    """Keeps a raw ``tf.Variable``, as the keras.io masked autoencoder's encoder does."""
+
+    def __init__(self, units: int = 4, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.projection = keras.layers.Dense(units)
+        self.mask_token = tf.Variable(tf.random.normal([1, units]), trainable=True)
+
+    def build(self, input_shape: Any) -> None:
+        if not self.projection.built:  # tf_keras' load_model builds from the config, then calls
+            self.projection.build(input_shape)
+
+    def call(self, patches: Any) -> Any:
+        return self.projection(patches) + self.mask_token
+
+
+class MaskedAutoencoder(custom_fit.CustomModel):
+    """Layers given to ``__init__``, no ``get_config``: the keras.io pattern."""
+
+    def __init__(self, encoder: Any, decoder: Any, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.encoder = encoder
+        self.decoder = decoder
+
+    def call(self, patches: Any) -> Any:
+        return self.decoder(self.encoder(patches))
+
+
+MAE_OBJECTS = {"MaskedAutoencoder": MaskedAutoencoder, "MaskedPatchEncoder": MaskedPatchEncoder}
+
+
+def masked_autoencoder(seed: int, compile: bool = True) -> Any:
+    keras.utils.set_random_seed(seed)
+    model = MaskedAutoencoder(MaskedPatchEncoder(), keras.layers.Dense(parity.N_FEATURES))
+    model(DATA["x"][:1])  # built by a call, as the keras.io example is
+    if compile:
+        model.compile(optimizer="adam", loss="mse")
+    return model
+
+
+def fit_masked_autoencoder(model: Any) -> None:
+    x = DATA["x"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", custom_fit.UntrackedVariableWarning)  # tested below
+        model.fit(x, x, epochs=2, batch_size=16, verbose=0)
+
+
+def test_tf_variable_attributes_are_saved_and_loaded(tmp_path):
+    """A loaded model predicts like the saved one (Keras 3 alone drops the mask_token: a fresh random draw)."""
+    model = masked_autoencoder(SEED)
+    fit_masked_autoencoder(model)
+    expected = model.predict(DATA["x"], verbose=0)
+
+    model.save(tmp_path / "mae.keras")
+    loaded = keras.models.load_model(tmp_path / "mae.keras", custom_objects=MAE_OBJECTS)
+    assert parity.max_delta(expected, loaded.predict(DATA["x"], verbose=0)) == 0.0
+
+    model.save_weights(tmp_path / "mae.weights.h5")
+    fresh = masked_autoencoder(SEED + 1, compile=False)  # (a compiled one needs its optimizer built first)
+    assert parity.max_delta(expected, fresh.predict(DATA["x"], verbose=0)) > 0.0
+    fresh.load_weights(tmp_path / "mae.weights.h5")
+    assert parity.max_delta(expected, fresh.predict(DATA["x"], verbose=0)) == 0.0
+
+
+@pytest.mark.keras3
+def test_step_reading_an_untracked_trainable_variable_warns_once():
+    model = masked_autoencoder(SEED)
+    token = model.encoder.mask_token.numpy()
+    with pytest.warns(
+        custom_fit.UntrackedVariableWarning,
+        match=r"train_step reads trainable tf.Variables that Keras 3 does not track: \['masked_patch_encoder"
+        r".*\.mask_token'\]\..*no optimizer updates them.*Fix: create them with self.add_weight",
+    ) as recorded:
+        model.fit(DATA["x"], DATA["x"], epochs=2, batch_size=16, verbose=0)
+    model.fit(DATA["x"], DATA["x"], epochs=1, batch_size=16, verbose=0)  # warned once per model: no more
+    assert len([w for w in recorded if w.category is custom_fit.UntrackedVariableWarning]) == 1
+    assert (model.encoder.mask_token.numpy() == token).all(), "Keras 3 does not train it"
+
+
+@pytest.mark.keras2
+def test_tf_keras_tracks_and_trains_tf_variable_attributes():
+    model = masked_autoencoder(SEED)
+    token = model.encoder.mask_token.numpy()
+    assert any(v is model.encoder.mask_token for v in model.trainable_variables)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", custom_fit.UntrackedVariableWarning)
+        model.fit(DATA["x"], DATA["x"], epochs=1, batch_size=16, verbose=0)
+    assert not (model.encoder.mask_token.numpy() == token).all()
+
+
+class LazyMaskEncoder(MaskedPatchEncoder):
+    """Creates its ``tf.Variable`` in ``call``, so a freshly loaded model has none to restore."""
+
+    def __init__(self, units: int = 4, **kwargs: Any):
+        keras.layers.Layer.__init__(self, **kwargs)
+        self.units = units
+        self.projection = keras.layers.Dense(units)
+
+    def call(self, patches: Any) -> Any:
+        if not hasattr(self, "mask_token"):
+            self.mask_token = tf.Variable(tf.zeros([1, self.units]), trainable=False)
+        return self.projection(patches) + self.mask_token
+
+
+@pytest.mark.keras3
+def test_loading_a_tf_variable_the_model_does_not_have_names_the_fix(tmp_path):
+    model = MaskedAutoencoder(LazyMaskEncoder(), keras.layers.Dense(parity.N_FEATURES))
+    model.predict(DATA["x"], verbose=0)  # creates mask_token
+    model.save_weights(tmp_path / "lazy.weights.h5")
+    fresh = MaskedAutoencoder(LazyMaskEncoder(), keras.layers.Dense(parity.N_FEATURES))
+    fresh.encoder.build((None, parity.N_FEATURES))
+    fresh.decoder.build((None, 4))
+    fresh.build((None, parity.N_FEATURES))  # its layers are built: nothing is called, no mask_token yet
+    with pytest.raises(
+        ValueError,
+        match=r"holds the values of tf.Variables that MaskedAutoencoder .* does not have now: "
+        r"\['mask_token of layer #1'\].*Fix: create them in the layer's __init__ or build, with self.add_weight",
+    ):
+        fresh.load_weights(tmp_path / "lazy.weights.h5")
+
+
+class GeneratorNoise(keras.layers.Layer):
+    """Draws its noise from a ``tf.random.Generator`` of its own, whose state no Keras counts as a weight."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.rng = tf.random.Generator.from_seed(3)
+
+    def call(self, inputs: Any, training: Any = None) -> Any:
+        return inputs + 0.1 * self.rng.normal(tf.shape(inputs)) if training else inputs
+
+
+def test_random_generator_states_are_saved_and_loaded(tmp_path):
+    """Both Kerases leave a ``tf.random.Generator``'s state out of the weights; custom_fit saves it."""
+    keras.utils.set_random_seed(SEED)
+    model = custom_fit.CustomSequential(
+        [keras.Input((parity.N_FEATURES,)), GeneratorNoise(), keras.layers.Dense(parity.N_CLASSES)]
+    )
+    model.compile(optimizer="sgd", loss="mse")
+    model.fit(DATA["x"], DATA["x"][:, : parity.N_CLASSES], epochs=1, verbose=0)  # advances the state
+    model.save(tmp_path / "noise.keras")
+    loaded = keras.models.load_model(tmp_path / "noise.keras", custom_objects={"GeneratorNoise": GeneratorNoise})
+    state = model.layers[0].rng.state.numpy()
+    assert (loaded.layers[0].rng.state.numpy() == state).all()
+    assert not (GeneratorNoise().rng.state.numpy() == state).all()

@@ -19,9 +19,11 @@ import tensorflow as _tf
 from custom_fit._compat import common
 from custom_fit._compat.common import (
     CountingCall,
+    UntrackedVariable,
     batch_size_of,
     dataset_without_autotuning,
     explain_xla_errors,
+    find_untracked_variables,
     is_scalar,
     loss_scaling_twins,
     record_compile_option,
@@ -77,6 +79,7 @@ if KERAS_2:
         sum_across_replicas,
         unscale_gradients,
         unscale_loss_for_distribution,
+        untracked_variables,
         variable_names,
         variables_built_on,
         wrap_for_loss_scaling,
@@ -121,6 +124,7 @@ else:
         sum_across_replicas,
         unscale_gradients,
         unscale_loss_for_distribution,
+        untracked_variables,
         variable_names,
         variables_built_on,
         wrap_for_loss_scaling,

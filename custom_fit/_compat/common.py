@@ -9,16 +9,18 @@ from __future__ import annotations
 import contextlib
 import re
 import weakref
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NamedTuple
 
 import tensorflow as tf
 
 __all__ = [
     "CountingCall",
+    "UntrackedVariable",
     "batch_size_of",
     "dataset_without_autotuning",
     "explain_xla_errors",
+    "find_untracked_variables",
     "is_scalar",
     "loss_scaling_twins",
     "record_compile_option",
@@ -80,6 +82,58 @@ def set_untracked(obj: Any, name: str, value: Any) -> None:
     or lists of variables must not become part of what is saved.
     """
     object.__setattr__(obj, name, value)
+
+
+class UntrackedVariable(NamedTuple):
+    """A ``tf.Variable`` held by a layer's attribute that Keras does not track (Keras 3)."""
+
+    layer_index: int  # the layer's position in the model's layers, the model itself first
+    layer_name: str
+    attribute: str  # the attribute's name; ``name.0`` for an item of a list, ``name.key`` of a dict
+    variable: tf.Variable
+
+    @property
+    def name(self) -> str:
+        """``layer.attribute``, for messages."""
+        return f"{self.layer_name}.{self.attribute}"
+
+
+def find_untracked_variables(layers: Iterable[Any], *, raw_variables: bool) -> list[UntrackedVariable]:
+    """The variables that attributes of ``layers`` hold outside what Keras tracks.
+
+    These are the state of each ``tf.random.Generator`` (neither Keras counts
+    it among a layer's weights) and, with ``raw_variables``, each raw
+    ``tf.Variable`` (Keras 3 tracks only its own variables; tf_keras tracks
+    these). An attribute holding a list, tuple or dict of them counts too.
+    ``layers`` is the model itself, then its layers, nested ones included
+    (``Layer._flatten_layers``), whose order numbers them; attributes go by
+    name. TensorFlow's own bookkeeping (``_self_*`` attributes, which list the
+    same objects as checkpoint dependencies) is skipped.
+    """
+
+    def variable_of(value: Any) -> tuple[str, Any] | None:
+        if isinstance(value, tf.random.Generator):
+            return ".state", value.state
+        if raw_variables and isinstance(value, tf.Variable):
+            return "", value
+        return None
+
+    found: dict[int, UntrackedVariable] = {}
+    for index, layer in enumerate(layers):
+        for attribute, value in sorted(vars(layer).items()):
+            if attribute.startswith("_self_"):
+                continue
+            if isinstance(value, dict):
+                candidates = [(f"{attribute}.{key}", item) for key, item in value.items()]
+            elif isinstance(value, (list, tuple)):
+                candidates = [(f"{attribute}.{i}", item) for i, item in enumerate(value)]
+            else:
+                candidates = [(attribute, value)]
+            for name, candidate in candidates:
+                state = variable_of(candidate)
+                if state is not None and id(state[1]) not in found:
+                    found[id(state[1])] = UntrackedVariable(index, layer.name, name + state[0], state[1])
+    return list(found.values())
 
 
 def variable_names_without_model(variables: Any) -> list[str]:

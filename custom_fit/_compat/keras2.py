@@ -39,8 +39,10 @@ from tf_keras.src.utils import losses_utils as _losses_utils
 from custom_fit._compat import common
 from custom_fit._compat.common import (
     CountingCall,
+    UntrackedVariable,
     dataset_without_autotuning,
     explain_xla_errors,
+    find_untracked_variables,
     loss_scaling_twins,
     skippable_aggregation,
     variable_names_without_model,
@@ -84,6 +86,7 @@ __all__ = [
     "sum_across_replicas",
     "unscale_gradients",
     "unscale_loss_for_distribution",
+    "untracked_variables",
     "variable_names",
     "variables_built_on",
     "wrap_for_loss_scaling",
@@ -420,6 +423,15 @@ def count_regularizer_calls(model: Any) -> dict[int, CountingCall]:
             if id(loss.variable) in trainable:
                 counters[id(loss.variable)] = loss
     return counters
+
+
+def untracked_variables(model: Any) -> list[UntrackedVariable]:
+    """The states of ``tf.random.Generator``s in layer attributes, which tf_keras leaves out of ``weights``.
+
+    (tf_keras tracks a raw ``tf.Variable`` a layer's attribute holds: it is
+    in ``weights``. See :func:`custom_fit._compat.common.find_untracked_variables`.)
+    """
+    return find_untracked_variables(model._flatten_layers(include_self=True), raw_variables=False)
 
 
 @tf.autograph.experimental.do_not_convert  # plain Python, called while the step is traced

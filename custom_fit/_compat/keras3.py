@@ -30,7 +30,9 @@ from keras.src.utils import python_utils as _python_utils
 from custom_fit._compat import common
 from custom_fit._compat.common import (
     CountingCall,
+    UntrackedVariable,
     explain_xla_errors,
+    find_untracked_variables,
     loss_scaling_twins,
     skippable_aggregation,
     variable_names_without_model,
@@ -74,6 +76,7 @@ __all__ = [
     "sum_across_replicas",
     "unscale_gradients",
     "unscale_loss_for_distribution",
+    "untracked_variables",
     "variable_names",
     "variables_built_on",
     "wrap_for_loss_scaling",
@@ -397,6 +400,19 @@ def count_regularizer_calls(model: keras.Model) -> dict[int, CountingCall]:
 def variable_names(model: keras.Model, variables: Any) -> list[str]:
     """The variables' paths, for messages (Keras 3 variables know their layer: ``variable.path``)."""
     return variable_names_without_model(variables)
+
+
+def untracked_variables(model: keras.Model) -> list[UntrackedVariable]:
+    """Variables in layer attributes that Keras 3 does not track: raw ``tf.Variable``s and ``tf.random.Generator``s.
+
+    Keras 3 tracks only its own variables (``add_weight``, ``keras.Variable``):
+    a raw ``tf.Variable`` (the keras.io masked autoencoder's
+    ``self.mask_token = tf.Variable(...)``) is missing from ``weights`` and
+    ``trainable_variables``, so no optimizer updates it and ``save_weights``
+    leaves it out; so is a ``tf.random.Generator``'s state. See
+    :func:`custom_fit._compat.common.find_untracked_variables`.
+    """
+    return find_untracked_variables(model._flatten_layers(include_self=True), raw_variables=True)
 
 
 # --------------------------------------------------------------------------
