@@ -24,7 +24,13 @@ What changes, and what does not:
   N steps;
 * inputs of unknown length (a generator, a ``tf.data`` pipeline without
   cardinality) run one step per execution;
-* ``evaluate`` and ``predict`` run one step per execution.
+* ``model.steps_per_execution`` reads the number fused now (1 until ``fit``
+  has tuned it); ``get_compile_config()`` and saved models keep ``"auto"``;
+* on Keras 3 ``evaluate`` and ``predict`` run one step per execution
+  (fusing would change their results: Keras 3.15 runs ``steps_per_execution``
+  batches even when their ``steps`` asks for fewer); on Keras 2 they fuse
+  the tuned number, as tf_keras' own tuner does (its data handler never
+  runs past ``steps``).
 """
 
 from __future__ import annotations
