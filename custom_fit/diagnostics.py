@@ -96,12 +96,13 @@ class StepDiagnostics:
         track (no optimizer updates them).
         """
         self._trace.used_optimizers, self._trace.minimized = set(), set()
-        counters = _compat.count_regularizer_calls(self._model)
-        calls_before = {key: counter.calls for key, counter in counters.items()}
-        yield
+        with _compat.counting_regularizer_calls(self._model) as counters:
+            calls_before = {key: counter.calls for key, counter in counters.items()}
+            yield
+            calls = {key: counter.calls - calls_before[key] for key, counter in counters.items()}
         self._check_untracked_variables()
         self._check_unused_optimizers()
-        skipped = [key for key, c in counters.items() if key in self._trace.minimized and c.calls == calls_before[key]]
+        skipped = [key for key, count in calls.items() if key in self._trace.minimized and not count]
         if skipped:
             self._warn_unused_regularization(skipped)
 

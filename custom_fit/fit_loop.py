@@ -17,6 +17,7 @@ from a variable before every execution.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -59,6 +60,7 @@ class FitLoopHooks:
     def steps_per_execution(self: Any, value: int) -> None:
         object.__setattr__(self, "_fixed_steps_per_execution", value)  # Keras sets it in __init__ and compile
 
+    @functools.wraps(keras.Model.fit)  # keeps Keras' signature and docstring for help() and inspect
     def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
         arguments = _by_name(super().fit, args, kwargs)  # type: ignore[misc]
         position = EpochPosition()
@@ -70,12 +72,14 @@ class FitLoopHooks:
         finally:
             position.adapter = None  # it holds the data: not kept past fit, as in Keras
 
+    @functools.wraps(keras.Model.evaluate)
     def evaluate(self: Any, *args: Any, **kwargs: Any) -> Any:
         arguments = _by_name(super().evaluate, args, kwargs)  # type: ignore[misc]
         arguments["callbacks"] = self._lazy_callback_list(arguments, add_history=False)
         with self._evaluation():
             return super().evaluate(**arguments)  # type: ignore[misc]
 
+    @functools.wraps(keras.Model.predict)
     def predict(self: Any, *args: Any, **kwargs: Any) -> Any:
         with self._evaluation():
             return super().predict(*args, **kwargs)  # type: ignore[misc]

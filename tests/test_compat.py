@@ -247,3 +247,50 @@ def test_keras2_training_graph_has_the_same_ops_as_tf_keras(steps_per_execution)
         functions = model.train_tf_function._list_all_concrete_functions()
         graphs[base] = (len(functions), sum((_op_types(f.graph) for f in functions), collections.Counter()))
     assert graphs[custom_fit.CustomModel] == graphs[keras.Model]
+
+
+def _regularizer_objects(model) -> list:
+    """The objects Keras calls to compute weight penalties (Keras 3: ``variable.regularizer``; Keras 2: closures)."""
+    if custom_fit.KERAS_2:
+        return [loss for layer in model._flatten_layers(include_self=True) for loss in layer._callable_losses]
+    return [v.regularizer for v in model.trainable_variables]
+
+
+def test_custom_fit_changes_keras_and_user_objects_only_while_its_calls_run():
+    """The regularizers custom_fit counts while it traces a step are the user's own again after ``fit``."""
+    inputs = keras.Input((4,))
+    dense = keras.layers.Dense(2, kernel_regularizer=keras.regularizers.L2(0.1), bias_regularizer="l1")
+    model = custom_fit.CustomModel(inputs, dense(inputs))
+    model.compile(optimizer="sgd", loss="mse")
+    before = _regularizer_objects(model)
+    model.fit(np.ones((8, 4)), np.zeros((8, 2)), epochs=2, verbose=0)
+    assert all(a is b for a, b in zip(_regularizer_objects(model), before, strict=True))
+
+
+@pytest.mark.keras2
+def test_plain_tf_keras_model_sees_keras_own_data_handler():
+    """custom_fit replaces tf_keras' ``get_data_handler`` only while a custom_fit model's fit/evaluate/predict run."""
+    from tf_keras.src.engine import data_adapter
+
+    keras_own = data_adapter.get_data_handler
+    seen = {}
+
+    def recorder(name):
+        return keras.callbacks.LambdaCallback(
+            on_train_begin=lambda logs: seen.update({name: data_adapter.get_data_handler})
+        )
+
+    x, y = np.ones((8, 4), "float32"), np.zeros((8, 1), "float32")
+    for base in (custom_fit.CustomModel, keras.Model):
+        model = (
+            small_model()
+            if base is custom_fit.CustomModel
+            else keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        )
+        model.compile(optimizer="sgd", loss="mse")
+        model.fit(x, y, epochs=1, verbose=0, callbacks=[recorder(base.__name__)])
+        model.evaluate(x, y, verbose=0)
+        model.predict(x, verbose=0)
+        assert data_adapter.get_data_handler is keras_own
+    assert seen["CustomModel"] is not keras_own, "custom_fit's wrapper is in place during its own fit"
+    assert seen["Model"] is keras_own

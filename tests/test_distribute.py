@@ -172,6 +172,7 @@ def test_clip_after_aggregation_matches_one_device(mirrored_clipping, clip):
     else:
         assert result["per_replica_vs_single"] > 1e-3, "Keras' per-replica clipping should differ from one device"
     assert result["aggregated_vs_single"] <= SINGLE_DEVICE_TOLERANCE
+    assert mirrored_clipping["optimizer_methods_left_after_fit"] == [], "Keras' own gradient sum must be back"
 
 
 def free_ports(n):

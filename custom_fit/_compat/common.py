@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import re
+import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import tensorflow as tf
+
+T = TypeVar("T")
 
 __all__ = [
     "CountingCall",
@@ -27,6 +30,7 @@ __all__ = [
     "recording",
     "replica_context_with_peers",
     "set_untracked",
+    "shared_while_inside",
     "skippable_aggregation",
     "variable_names_without_model",
 ]
@@ -238,35 +242,62 @@ def replica_context_with_peers() -> tf.distribute.ReplicaContext | None:
     return context
 
 
+def shared_while_inside(
+    install: Callable[[Any], T], uninstall: Callable[[Any, T], None]
+) -> Callable[[Any], contextlib.AbstractContextManager[T]]:
+    """A context manager factory: ``install(obj)`` when the first caller enters, ``uninstall`` when the last leaves.
+
+    For changes custom_fit makes to a user's object (an optimizer, a
+    model's regularizers) while it traces a step: they last no longer than
+    the trace. Callers inside at the same time share one installation (what
+    ``install`` returned is what each gets): the replica threads of
+    ``MirroredStrategy`` trace the step one after another, each inside.
+    """
+    inside: dict[int, tuple[int, T]] = {}  # id(obj) -> (callers inside, what install returned)
+    lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def while_inside(obj: Any) -> Iterator[T]:
+        with lock:
+            count, installed = inside.get(id(obj)) or (0, install(obj))
+            inside[id(obj)] = (count + 1, installed)
+        try:
+            yield installed
+        finally:
+            with lock:
+                count, installed = inside.pop(id(obj))
+                if count > 1:
+                    inside[id(obj)] = (count - 1, installed)
+                else:
+                    uninstall(obj, installed)
+
+    return while_inside
+
+
 def skippable_aggregation(method: str) -> Callable[[Any], contextlib.AbstractContextManager[None]]:
     """A context manager factory that makes an optimizer's ``method`` pass gradients through.
 
     Keras optimizers sum gradients across replicas in one method (``method``;
     its name differs between Keras versions). When the caller has summed them
     already (to transform or clip the global gradient), that second sum must
-    not run. The switch is a counter on the optimizer (not thread-local): the
-    replica threads of ``MirroredStrategy`` enter one after another, and all
-    of them want the sum skipped.
+    not run. Keras offers no switch for it (tf_keras' ``apply_gradients``
+    has ``skip_gradients_aggregation``, but a step's own ``apply_gradients``
+    override would not pass it on), so ``method`` is replaced on the
+    optimizer instance while the context lasts, and Keras' own is back when
+    it ends (:func:`shared_while_inside`: the replica threads meet in the
+    update's ``merge_call`` before any of them leaves).
     """
 
-    @contextlib.contextmanager
-    def gradients_already_summed(optimizer: Any) -> Iterator[None]:
-        inner = getattr(optimizer, "inner_optimizer", optimizer)  # LossScaleOptimizer
-        if method not in vars(inner):
-            keras_sum = getattr(inner, method)
+    def pass_through(grads_and_vars: Any) -> list[Any]:
+        return list(grads_and_vars)
 
-            def sum_unless_summed(grads_and_vars: Any) -> Any:
-                if inner._custom_fit_summed_gradients:
-                    return list(grads_and_vars)
-                return keras_sum(grads_and_vars)
+    while_inside = shared_while_inside(
+        lambda inner: object.__setattr__(inner, method, pass_through),  # untracked: not optimizer state
+        lambda inner, _: object.__delattr__(inner, method),  # Keras' own method again
+    )
 
-            setattr(inner, method, sum_unless_summed)
-            inner._custom_fit_summed_gradients = 0
-        inner._custom_fit_summed_gradients += 1
-        try:
-            yield
-        finally:
-            inner._custom_fit_summed_gradients -= 1
+    def gradients_already_summed(optimizer: Any) -> contextlib.AbstractContextManager[None]:
+        return while_inside(getattr(optimizer, "inner_optimizer", optimizer))  # LossScaleOptimizer: its inner
 
     return gradients_already_summed
 

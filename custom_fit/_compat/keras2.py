@@ -44,6 +44,7 @@ from custom_fit._compat.common import (
     explain_xla_errors,
     find_untracked_variables,
     loss_scaling_twins,
+    shared_while_inside,
     skippable_aggregation,
     variable_names_without_model,
 )
@@ -63,7 +64,7 @@ __all__ = [
     "check_compile_arguments",
     "compiled_metrics_container",
     "compute_loss_accepts_training",
-    "count_regularizer_calls",
+    "counting_regularizer_calls",
     "finish_metrics_result",
     "gradients_already_summed",
     "has_compiled_loss",
@@ -401,28 +402,36 @@ class _CountingPenalty(CountingCall):
         self.variable = variable
 
 
-def count_regularizer_calls(model: Any) -> dict[int, CountingCall]:
-    """``{id(variable): counter}`` for every regularized trainable variable of ``model``.
+def _count_regularizer_calls(model: Any) -> dict[int, CountingCall]:
+    """Wraps each weight penalty in the layers' ``_callable_losses`` in a counter, keyed by its variable.
 
-    Keras 2 computes a weight penalty by calling a closure in the layer's
-    ``_callable_losses`` when ``layer.losses`` is read; each is wrapped in a
-    counter (once), keyed by its variable. Runs before the step is traced,
-    when sub-models without an input shape are not built yet: their
-    ``trainable_variables`` would raise, so each layer's own are read.
+    Runs before the step is traced, when sub-models without an input shape
+    are not built yet: their ``trainable_variables`` would raise, so each
+    layer's own are read.
     """
     layers = list(model._flatten_layers(include_self=True))
     trainable = {id(v) for layer in layers if layer.trainable for v in layer._trainable_weights}
     counters: dict[int, CountingCall] = {}
     for layer in layers:
         for i, loss in enumerate(layer._callable_losses):
-            if not isinstance(loss, _CountingPenalty):
-                variable = _regularized_variable(loss)
-                if variable is None:
-                    continue
-                loss = layer._callable_losses[i] = _CountingPenalty(loss, variable)
-            if id(loss.variable) in trainable:
-                counters[id(loss.variable)] = loss
+            variable = _regularized_variable(loss)
+            if variable is not None and id(variable) in trainable:
+                layer._callable_losses[i] = counters[id(variable)] = _CountingPenalty(loss, variable)
     return counters
+
+
+def _restore_penalties(model: Any, counters: dict[int, CountingCall]) -> None:
+    wrappers = {id(counter) for counter in counters.values()}
+    for layer in model._flatten_layers(include_self=True):
+        layer._callable_losses[:] = [loss.function if id(loss) in wrappers else loss for loss in layer._callable_losses]
+
+
+#: ``with counting_regularizer_calls(model) as counters:`` -- ``{id(variable): counter}`` for
+#: every regularized trainable variable. Keras 2 computes a weight penalty by calling a closure
+#: in the layer's ``_callable_losses`` when ``layer.losses`` is read; counting those calls while
+#: the step is traced tells whether the step computed it at all. The layers' penalties are
+#: Keras' own again when the context ends.
+counting_regularizer_calls = shared_while_inside(_count_regularizer_calls, _restore_penalties)
 
 
 def untracked_variables(model: Any) -> list[UntrackedVariable]:
@@ -556,6 +565,21 @@ def share_registered_name(twin: type, cls: type) -> None:
 class TrainerHooks:
     """Overrides of private ``tf_keras`` ``Model`` methods; ``CustomModel`` inherits it first."""
 
+    @functools.wraps(keras.Model.fit)
+    def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with _arrays_without_autotuning(_data_adapter):
+            return super().fit(*args, **kwargs)  # type: ignore[misc]
+
+    @functools.wraps(keras.Model.evaluate)
+    def evaluate(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with _arrays_without_autotuning(_data_adapter):
+            return super().evaluate(*args, **kwargs)  # type: ignore[misc]
+
+    @functools.wraps(keras.Model.predict)
+    def predict(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with _arrays_without_autotuning(_data_adapter):
+            return super().predict(*args, **kwargs)  # type: ignore[misc]
+
     def _assert_compile_was_called(self: Any) -> None:
         # Keras 2's message names neither the method, the model nor the fix.
         if not self._is_compiled:
@@ -598,26 +622,34 @@ class TrainerHooks:
 # Data
 # --------------------------------------------------------------------------
 
-_keras_get_data_handler = _data_adapter.get_data_handler
+
+def _install_data_handler(module: Any) -> Callable[..., Any]:
+    """Puts :func:`_get_data_handler` in the place of tf_keras' ``get_data_handler``; returns Keras' own."""
+    keras_get_data_handler: Callable[..., Any] = module.get_data_handler
+
+    def _get_data_handler(*args: Any, **kwargs: Any) -> Any:
+        handler = keras_get_data_handler(*args, **kwargs)
+        if isinstance(kwargs.get("model"), TrainerHooks) and isinstance(
+            getattr(handler, "_adapter", None), _data_adapter.TensorLikeDataAdapter
+        ):
+            handler._dataset = dataset_without_autotuning(handler._dataset)
+        return handler
+
+    module.get_data_handler = _get_data_handler
+    return keras_get_data_handler
 
 
-def _get_data_handler(*args: Any, **kwargs: Any) -> Any:
-    """tf_keras' ``get_data_handler``; for a custom_fit model's arrays, without tf.data autotuning.
-
-    Why: :func:`custom_fit._compat.common.dataset_without_autotuning`. tf_keras
-    builds the pipeline of ``fit``, ``evaluate`` and ``predict`` inside those
-    methods, where no ``Model`` method sees it, so this module puts this
-    function in the place of the one they call (``data_adapter.get_data_handler``)
-    when it loads. For every model that is not a custom_fit model (one with
-    :class:`TrainerHooks`), and for data other than arrays and tensors, it
-    returns what tf_keras' own returns.
-    """
-    handler = _keras_get_data_handler(*args, **kwargs)
-    if isinstance(kwargs.get("model"), TrainerHooks) and isinstance(
-        getattr(handler, "_adapter", None), _data_adapter.TensorLikeDataAdapter
-    ):
-        handler._dataset = dataset_without_autotuning(handler._dataset)
-    return handler
+def _restore_data_handler(module: Any, keras_get_data_handler: Callable[..., Any]) -> None:
+    module.get_data_handler = keras_get_data_handler
 
 
-_data_adapter.get_data_handler = _get_data_handler
+#: ``with _arrays_without_autotuning(data_adapter):`` -- tf_keras' ``get_data_handler``, but for a custom_fit
+#: model's arrays without tf.data autotuning (why:
+#: :func:`custom_fit._compat.common.dataset_without_autotuning`). tf_keras builds the pipeline of
+#: ``fit``, ``evaluate`` and ``predict`` inside those methods, where no ``Model`` method sees
+#: it, so :class:`TrainerHooks` puts a wrapper in the place of the function they call
+#: (``data_adapter.get_data_handler``) while a custom_fit model's ``fit``, ``evaluate`` or
+#: ``predict`` runs, and Keras' own back when it returns. For a model that is not a custom_fit
+#: model (another thread's), and for data other than arrays and tensors, the wrapper returns
+#: what tf_keras' own returns.
+_arrays_without_autotuning = shared_while_inside(_install_data_handler, _restore_data_handler)

@@ -34,6 +34,7 @@ from custom_fit._compat.common import (
     explain_xla_errors,
     find_untracked_variables,
     loss_scaling_twins,
+    shared_while_inside,
     skippable_aggregation,
     variable_names_without_model,
 )
@@ -53,7 +54,7 @@ __all__ = [
     "check_compile_arguments",
     "compiled_metrics_container",
     "compute_loss_accepts_training",
-    "count_regularizer_calls",
+    "counting_regularizer_calls",
     "finish_metrics_result",
     "gradients_already_summed",
     "has_compiled_loss",
@@ -380,21 +381,27 @@ class _CountingRegularizer(CountingCall, keras.regularizers.Regularizer):
     """A ``CountingCall`` that Keras < 3.15 accepts as ``variable.regularizer`` (a ``Regularizer``)."""
 
 
-def count_regularizer_calls(model: keras.Model) -> dict[int, CountingCall]:
-    """``{id(variable): counter}`` for every regularized trainable variable of ``model``.
-
-    Keras 3 computes a weight penalty by calling ``variable.regularizer`` when
-    ``layer.losses`` is read; counting those calls while the step is traced
-    tells whether the step computed it at all.
-    """
-    counters = {}
+def _count_regularizer_calls(model: keras.Model) -> dict[int, CountingCall]:
+    """Wraps the regularizer of every regularized trainable variable of ``model`` in a counter."""
+    counters: dict[int, CountingCall] = {}
     for variable in model.trainable_variables:
-        if variable.regularizer is None:
-            continue
-        if not isinstance(variable.regularizer, CountingCall):
-            variable.regularizer = _CountingRegularizer(variable.regularizer)
-        counters[id(variable)] = variable.regularizer
+        if variable.regularizer is not None:
+            variable.regularizer = counters[id(variable)] = _CountingRegularizer(variable.regularizer)
     return counters
+
+
+def _restore_regularizers(model: keras.Model, counters: dict[int, CountingCall]) -> None:
+    for variable in model.trainable_variables:
+        if id(variable) in counters:
+            variable.regularizer = counters[id(variable)].function
+
+
+#: ``with counting_regularizer_calls(model) as counters:`` -- ``{id(variable): counter}`` for
+#: every regularized trainable variable. Keras 3 computes a weight penalty by calling
+#: ``variable.regularizer`` when ``layer.losses`` is read; counting those calls while the step
+#: is traced tells whether the step computed it at all. The regularizers are Keras' own again
+#: when the context ends.
+counting_regularizer_calls = shared_while_inside(_count_regularizer_calls, _restore_regularizers)
 
 
 def variable_names(model: keras.Model, variables: Any) -> list[str]:
