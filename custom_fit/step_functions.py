@@ -98,6 +98,8 @@ class StepFunctions:
 
 
 def _steps_per_execution(model: Any) -> int:
-    """``model.steps_per_execution`` as a number (Keras 2 keeps a variable; ``None`` before ``compile``)."""
+    """``model.steps_per_execution`` as a number (Keras 2 keeps a variable, ``None`` before ``compile``)."""
     steps = model.steps_per_execution
-    return 1 if steps is None else int(steps)
+    if steps is None:
+        return 1
+    return int(steps.numpy() if hasattr(steps, "numpy") else steps)  # a MirroredVariable under a strategy
