@@ -81,11 +81,42 @@ def labels(n: int = 64, seed: int = 0) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------
+# Layers that draw from a global random state
+# --------------------------------------------------------------------------
+
+
+def _keras_unseeded_normal(shape: Any) -> Any:
+    if custom_fit.KERAS_2:  # the 2020 keras.io VAE's Sampling layer: its op seed comes from NumPy, at trace time
+        return tf.keras.backend.random_normal(shape)
+    return keras.random.normal(shape)  # Keras 3 without a seed: Keras' global seed generator
+
+
+#: How a layer draws noise without a seed generator of its own, as older keras.io examples do.
+GLOBAL_DRAWS: dict[str, Callable[[Any], Any]] = {
+    "tf.random.normal": lambda shape: tf.random.normal(shape),  # op seeds derived from the global seed
+    "keras unseeded normal": _keras_unseeded_normal,
+}
+
+
+# --------------------------------------------------------------------------
 # GANs
 # --------------------------------------------------------------------------
 
 
-def dcgan(base: type) -> dict[str, Any]:
+def dcgan(base: type, draw: str | None = None) -> dict[str, Any]:
+    """The customizing-fit GAN; with ``draw``, noise from the global random state (``GLOBAL_DRAWS[draw]``).
+
+    With ``draw`` the latent vectors come from ``GLOBAL_DRAWS[draw]``, and
+    the generator adds instance noise from it in an ``InstanceNoise`` layer.
+    """
+
+    def latent_vectors(shape: Any, generator: Any) -> Any:
+        return normal(shape, generator) if draw is None else GLOBAL_DRAWS[draw](shape)
+
+    class InstanceNoise(keras.layers.Layer):  # in the generator when `draw` is given
+        def call(self, inputs):
+            return inputs + 0.1 * latent_vectors(tf.shape(inputs), None)
+
     class GAN(base):
         def __init__(self, discriminator, generator, latent_dim):
             super().__init__()
@@ -108,7 +139,7 @@ def dcgan(base: type) -> dict[str, Any]:
 
         def train_step(self, real_images):
             batch_size = tf.shape(real_images)[0]
-            random_latent_vectors = normal((batch_size, self.latent_dim), self.seed_generator)
+            random_latent_vectors = latent_vectors((batch_size, self.latent_dim), self.seed_generator)
             generated_images = self.generator(random_latent_vectors)
             combined_images = tf.concat([generated_images, real_images], axis=0)
             labels = tf.concat([tf.ones((batch_size, 1)), tf.zeros((batch_size, 1))], axis=0)
@@ -118,7 +149,7 @@ def dcgan(base: type) -> dict[str, Any]:
                 d_loss = self.loss_fn(labels, predictions)
             grads = tape.gradient(d_loss, self.discriminator.trainable_weights)
             self.d_optimizer.apply_gradients(zip(grads, self.discriminator.trainable_weights))
-            random_latent_vectors = normal((batch_size, self.latent_dim), self.seed_generator)
+            random_latent_vectors = latent_vectors((batch_size, self.latent_dim), self.seed_generator)
             misleading_labels = tf.zeros((batch_size, 1))
             with tf.GradientTape() as tape:
                 predictions = self.discriminator(self.generator(random_latent_vectors))
@@ -129,9 +160,15 @@ def dcgan(base: type) -> dict[str, Any]:
             self.g_loss_metric.update_state(g_loss)
             return {"d_loss": self.d_loss_metric.result(), "g_loss": self.g_loss_metric.result()}
 
+    def generator() -> keras.Model:
+        if draw is None:
+            return mlp(LATENT, [16, FEATURES], "generator")
+        layers = [keras.Input((LATENT,)), keras.layers.Dense(16, activation="relu"), InstanceNoise()]
+        return keras.Sequential([*layers, keras.layers.Dense(FEATURES)], name="generator")
+
     return dict(
         cls=GAN,
-        make=lambda: GAN(mlp(FEATURES, [16, 1], "discriminator"), mlp(LATENT, [16, FEATURES], "generator"), LATENT),
+        make=lambda: GAN(mlp(FEATURES, [16, 1], "discriminator"), generator(), LATENT),
         compile=lambda: dict(
             d_optimizer=keras.optimizers.Adam(3e-4),
             g_optimizer=keras.optimizers.Adam(3e-4),
@@ -139,6 +176,7 @@ def dcgan(base: type) -> dict[str, Any]:
         ),
         fit=lambda: dict(x=vectors(), batch_size=16),
         optimizers=("d_optimizer", "g_optimizer"),
+        custom_objects={"InstanceNoise": InstanceNoise},
     )
 
 
@@ -729,100 +767,6 @@ def trainer(base: type) -> dict[str, Any]:
     )
 
 
-# --------------------------------------------------------------------------
-# Layers that draw from a global random state
-# --------------------------------------------------------------------------
-
-
-def _keras_unseeded_normal(shape: Any) -> Any:
-    if custom_fit.KERAS_2:  # the 2020 keras.io VAE's Sampling layer: its op seed comes from NumPy, at trace time
-        return tf.keras.backend.random_normal(shape)
-    return keras.random.normal(shape)  # Keras 3 without a seed: Keras' global seed generator
-
-
-#: How a layer draws noise without a seed generator of its own, as older keras.io examples do.
-GLOBAL_DRAWS: dict[str, Callable[[Any], Any]] = {
-    "tf.random.normal": lambda shape: tf.random.normal(shape),  # op seeds derived from the global seed
-    "keras unseeded normal": _keras_unseeded_normal,
-}
-
-
-def noisy_gan(base: type, draw: str) -> dict[str, Any]:
-    """The customizing-fit GAN (attribute optimizers, sub-models in ``__init__``) with instance noise.
-
-    The generator's ``InstanceNoise`` layer and the latent vectors draw from
-    the global random state with ``GLOBAL_DRAWS[draw]``.
-    """
-    normal_noise = GLOBAL_DRAWS[draw]
-
-    class InstanceNoise(keras.layers.Layer):
-        def call(self, inputs):
-            return inputs + 0.1 * normal_noise(tf.shape(inputs))
-
-    class GAN(base):
-        def __init__(self, discriminator, generator, latent_dim):
-            super().__init__()
-            self.discriminator = discriminator
-            self.generator = generator
-            self.latent_dim = latent_dim
-
-        def compile(self, d_optimizer, g_optimizer, loss_fn):
-            super().compile()
-            self.d_optimizer = d_optimizer
-            self.g_optimizer = g_optimizer
-            self.loss_fn = loss_fn
-            self.d_loss_metric = keras.metrics.Mean(name="d_loss")
-            self.g_loss_metric = keras.metrics.Mean(name="g_loss")
-
-        @property
-        def metrics(self):
-            return [self.d_loss_metric, self.g_loss_metric]
-
-        def train_step(self, real_images):
-            batch_size = tf.shape(real_images)[0]
-            random_latent_vectors = normal_noise((batch_size, self.latent_dim))
-            generated_images = self.generator(random_latent_vectors)
-            combined_images = tf.concat([generated_images, real_images], axis=0)
-            labels = tf.concat([tf.ones((batch_size, 1)), tf.zeros((batch_size, 1))], axis=0)
-            with tf.GradientTape() as tape:
-                d_loss = self.loss_fn(labels, self.discriminator(combined_images))
-            grads = tape.gradient(d_loss, self.discriminator.trainable_weights)
-            self.d_optimizer.apply_gradients(zip(grads, self.discriminator.trainable_weights))
-            random_latent_vectors = normal_noise((batch_size, self.latent_dim))
-            with tf.GradientTape() as tape:
-                predictions = self.discriminator(self.generator(random_latent_vectors))
-                g_loss = self.loss_fn(tf.zeros((batch_size, 1)), predictions)
-            grads = tape.gradient(g_loss, self.generator.trainable_weights)
-            self.g_optimizer.apply_gradients(zip(grads, self.generator.trainable_weights))
-            self.d_loss_metric.update_state(d_loss)
-            self.g_loss_metric.update_state(g_loss)
-            return {"d_loss": self.d_loss_metric.result(), "g_loss": self.g_loss_metric.result()}
-
-    def generator() -> keras.Model:
-        return keras.Sequential(
-            [
-                keras.Input((LATENT,)),
-                keras.layers.Dense(16, activation="relu"),
-                InstanceNoise(),
-                keras.layers.Dense(FEATURES),
-            ],
-            name="generator",
-        )
-
-    return dict(
-        cls=GAN,
-        make=lambda: GAN(mlp(FEATURES, [16, 1], "discriminator"), generator(), LATENT),
-        compile=lambda: dict(
-            d_optimizer=keras.optimizers.Adam(3e-4),
-            g_optimizer=keras.optimizers.Adam(3e-4),
-            loss_fn=keras.losses.BinaryCrossentropy(from_logits=True),
-        ),
-        fit=lambda: dict(x=vectors(), batch_size=16),
-        optimizers=("d_optimizer", "g_optimizer"),
-        custom_objects={"InstanceNoise": InstanceNoise},
-    )
-
-
 def sampling_vae(base: type, draw: str) -> dict[str, Any]:
     """The 2020 keras.io VAE: a ``Sampling`` layer inside the functional encoder, one compiled optimizer.
 
@@ -880,7 +824,7 @@ def sampling_vae(base: type, draw: str) -> dict[str, Any]:
 
 
 #: Models whose layers draw from the global random state (``GLOBAL_DRAWS``), by name.
-GLOBAL_DRAW_MODELS = {"noisy_gan": noisy_gan, "sampling_vae": sampling_vae}
+GLOBAL_DRAW_MODELS = {"dcgan": dcgan, "sampling_vae": sampling_vae}
 
 
 @dataclasses.dataclass(frozen=True)
