@@ -15,7 +15,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from custom_fit import _compat
+from custom_fit import _compat, distribution
 from custom_fit.logged_values import flat_logs
 from custom_fit.optimizers import NamedOptimizers
 
@@ -48,7 +48,8 @@ class StepFunctions:
     def make_test_function(self: Any, force: bool = False) -> Callable[..., Any]:
         """Builds ``self.test_function`` around ``test_step`` (logs flattened)."""
         if self.test_function is None or force:
-            self.test_function = _compat.make_step_function(self, flat_logs(self.test_step), training=False)
+            step = flat_logs(self._test_step_in_replica)
+            self.test_function = _compat.make_step_function(self, step, training=False)
         return self.test_function
 
     def make_predict_function(self: Any, force: bool = False) -> Callable[..., Any]:
@@ -59,10 +60,20 @@ class StepFunctions:
         return self.predict_function
 
     def _checked_train_step(self: Any, data: Any) -> Any:
-        """``train_step``, traced under the model's ``StepDiagnostics``; counts steps of named optimizers."""
-        with self._diagnostics.tracing_train_step():
+        """``train_step``, traced under the model's ``StepDiagnostics``; counts steps of named optimizers.
+
+        Under a ``tf.distribute`` strategy, variables the step creates (an
+        attribute optimizer's slots, a sub-model built by its first call) are
+        created under the strategy, outside the replica context.
+        """
+        with self._diagnostics.tracing_train_step(), distribution.variables_created_outside_replicas():
             logs = self.train_step(data)
         _compat.mark_built_if_complete(self)  # sub-models without an input shape are built by now
         if isinstance(self.optimizer, NamedOptimizers):
             self.optimizer.count_step()
         return logs
+
+    def _test_step_in_replica(self: Any, data: Any) -> Any:
+        """``test_step``; variables it creates under a strategy are created outside the replica context."""
+        with distribution.variables_created_outside_replicas():
+            return self.test_step(data)
