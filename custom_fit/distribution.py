@@ -18,6 +18,10 @@ before the step runs. The first replica to reach the creation creates the
 variable; the others find it built (an optimizer's ``built``, a layer's
 ``built``), as they would on one device, or receive the first replica's
 variable from ``MirroredStrategy``.
+
+:func:`explain_merge_call_errors` turns TensorFlow's error for a cross-replica
+update inside control flow (``apply_gradients`` in a ``tf.cond``) into one
+that names the fix.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import Any
 
 import tensorflow as tf
 
-__all__ = ["variables_created_outside_replicas"]
+__all__ = ["explain_merge_call_errors", "variables_created_outside_replicas"]
 
 
 @contextlib.contextmanager
@@ -63,3 +67,40 @@ def variables_created_outside_replicas() -> Iterator[None]:
 
     with tf.variable_creator_scope(create_outside_the_step):
         yield
+
+
+_MERGE_CALL_IN_CONTROL_FLOW = "`merge_call` called while defining a new graph or a tf.function"
+
+
+def explain_merge_call_errors(model: Any, function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function``, re-raising TensorFlow's error for a cross-replica update inside control flow with the fix.
+
+    Under ``MirroredStrategy`` an optimizer sums the gradients of all replicas
+    and updates the mirrored variables in a cross-replica ``merge_call``,
+    which cannot run inside a ``tf.cond``, a ``tf.while_loop`` or a nested
+    ``tf.function`` of the step (``tf.distribute`` does not support it: a
+    branch cannot wait for the other replicas). The gradient-accumulation
+    step that calls ``apply_gradients`` inside ``tf.cond`` every N batches is
+    the usual case.
+    """
+
+    def function_with_clear_merge_call_errors(*args: Any) -> Any:
+        try:
+            return function(*args)
+        except RuntimeError as error:
+            if _MERGE_CALL_IN_CONTROL_FLOW not in str(error):
+                raise
+            strategy = model.distribute_strategy
+            raise RuntimeError(
+                f"The train_step of {type(model).__name__} '{model.name}' updates variables across replicas "
+                "(optimizer.apply_gradients) inside a tf.cond, a loop or a nested tf.function, for example to "
+                "apply accumulated gradients every N batches. Expected every optimizer update to run "
+                f"unconditionally in the step under {type(strategy).__name__}: the optimizer sums the "
+                f"{strategy.num_replicas_in_sync} replicas' gradients in a cross-replica merge_call, which "
+                "tf.distribute cannot run inside a branch (Keras' own gradient_accumulation_steps fails the "
+                "same way). Fix: call apply_gradients on every step, outside tf.cond. To update on more "
+                "samples at a time, raise the global batch size instead: the replicas' gradients are summed "
+                "every step already."
+            ) from error
+
+    return function_with_clear_merge_call_errors

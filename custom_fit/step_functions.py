@@ -42,7 +42,8 @@ class StepFunctions:
         if self.train_function is None or force:
             step = flat_logs(self._checked_train_step)
             tuner = getattr(self, "_steps_tuner", None)  # compile(steps_per_execution="auto")
-            self.train_function = _compat.make_step_function(self, step, training=True, tuner=tuner)
+            function = _compat.make_step_function(self, step, training=True, tuner=tuner)
+            self.train_function = distribution.explain_merge_call_errors(self, function)
         return self.train_function
 
     def make_test_function(self: Any, force: bool = False) -> Callable[..., Any]:

@@ -1,4 +1,4 @@
-"""custom_fit.distribution in this process: variables created outside a replica context.
+"""custom_fit.distribution without a strategy: the merge_call error explained, other errors untouched.
 
 The strategy cases themselves (variables created outside the replica context, keras.io-style code
 under MirroredStrategy and MultiWorkerMirroredStrategy) run in subprocesses: tests/test_distribute.py.
@@ -6,9 +6,57 @@ under MirroredStrategy and MultiWorkerMirroredStrategy) run in subprocesses: tes
 
 from __future__ import annotations
 
+import types
+
+import pytest
 import tensorflow as tf
 
 from custom_fit import distribution
+
+# What TensorFlow 2.21 raises for apply_gradients inside tf.cond under MirroredStrategy (abridged).
+TF_MERGE_CALL_ERROR = (
+    "`merge_call` called while defining a new graph or a tf.function. This can often happen if the "
+    "function `fn` passed to `strategy.run()` contains a nested `@tf.function`, and the nested "
+    "`@tf.function` contains a synchronization point, such as aggregating gradients (e.g, "
+    "optimizer.apply_gradients), or if the function `fn` uses a control flow statement which contains "
+    "a synchronization point in the body. Such behaviors are not yet supported."
+)
+
+
+def fake_model():
+    return types.SimpleNamespace(name="accumulating", distribute_strategy=tf.distribute.MirroredStrategy(["/cpu:0"]))
+
+
+def raising(error):
+    def function(iterator):
+        raise error
+
+    return function
+
+
+def test_apply_gradients_in_a_cond_is_explained_with_the_fix():
+    original = RuntimeError(TF_MERGE_CALL_ERROR)
+    function = distribution.explain_merge_call_errors(fake_model(), raising(original))
+    with pytest.raises(RuntimeError) as raised:
+        function(None)
+    message = str(raised.value)
+    assert "'accumulating' updates variables across replicas (optimizer.apply_gradients) inside a tf.cond" in message
+    assert "Expected every optimizer update to run unconditionally in the step under MirroredStrategy" in message
+    assert "Fix: call apply_gradients on every step, outside tf.cond" in message
+    assert raised.value.__cause__ is original
+
+
+def test_other_errors_pass_unchanged():
+    original = RuntimeError("something else")
+    function = distribution.explain_merge_call_errors(fake_model(), raising(original))
+    with pytest.raises(RuntimeError) as raised:
+        function(None)
+    assert raised.value is original
+
+
+def test_the_function_result_passes_through():
+    function = distribution.explain_merge_call_errors(fake_model(), lambda iterator: {"loss": 1.0})
+    assert function(None) == {"loss": 1.0}
 
 
 def test_outside_a_replica_context_variables_are_created_as_usual():
