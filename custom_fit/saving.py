@@ -314,7 +314,9 @@ class SavesOptimizerAssignment:
         if not keys or not hasattr(group, "build_member"):
             return
         variables = self.trainable_variables
-        with tf.init_scope():
+        # Under a tf.distribute strategy (BackupAndRestore restores before the first step, outside
+        # the strategy's scope) the slots must be created by the strategy, like the model's variables.
+        with tf.init_scope(), self.distribute_strategy.scope():
             for key in keys:
                 name = key[len(_OPTIMIZER_VARIABLES_KEY) :]
                 if name in group and not _compat.optimizer_built(group[name]):

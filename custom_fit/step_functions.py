@@ -15,7 +15,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from custom_fit import _compat
+from custom_fit import _compat, distribution
 from custom_fit.logged_values import flat_logs
 from custom_fit.optimizers import NamedOptimizers
 
@@ -36,14 +36,15 @@ class StepFunctions:
         if self.train_function is None or force:
             step = flat_logs(self._checked_train_step)
             tuner = getattr(self, "_steps_tuner", None)  # compile(steps_per_execution="auto")
-            self.train_function = _compat.make_step_function(self, step, training=True, tuner=tuner)
+            function = _compat.make_step_function(self, step, training=True, tuner=tuner)
+            self.train_function = distribution.explain_merge_call_errors(self, function)
         return self.train_function
 
     def make_test_function(self: Any, force: bool = False) -> Callable[..., Any]:
         """Builds ``self.test_function`` around ``test_step`` (logs flattened)."""
         if self.test_function is None or force:
             tuner = getattr(self, "_steps_tuner", None)  # the number of steps may change between executions
-            step = flat_logs(self.test_step)
+            step = flat_logs(self._test_step_in_replica)
             self.test_function = _compat.make_step_function(self, step, training=False, tuner=tuner)
         return self.test_function
 
@@ -66,10 +67,16 @@ class StepFunctions:
         return self.predict_function
 
     def _checked_train_step(self: Any, data: Any) -> Any:
-        """``train_step``, traced under the model's ``StepDiagnostics``; counts steps of named optimizers."""
-        self._build_optimizer_while_tracing()
-        with self._diagnostics.tracing_train_step():
-            logs = self.train_step(data)
+        """``train_step``, traced under the model's ``StepDiagnostics``; counts steps of named optimizers.
+
+        Under a ``tf.distribute`` strategy, variables the step creates (an
+        attribute optimizer's slots, a sub-model built by its first call) are
+        created under the strategy, outside the replica context.
+        """
+        with distribution.variables_created_outside_replicas():
+            self._build_optimizer_while_tracing()
+            with self._diagnostics.tracing_train_step():
+                logs = self.train_step(data)
         _compat.mark_built_if_complete(self)  # sub-models without an input shape are built by now
         if isinstance(self.optimizer, NamedOptimizers):
             self.optimizer.count_step()
@@ -95,6 +102,11 @@ class StepFunctions:
         if self.built and self.optimizer is not None and not _compat.optimizer_built(self.optimizer):
             with tf.init_scope():
                 self.optimizer.build(self.trainable_variables)
+
+    def _test_step_in_replica(self: Any, data: Any) -> Any:
+        """``test_step``; variables it creates under a strategy are created outside the replica context."""
+        with distribution.variables_created_outside_replicas():
+            return self.test_step(data)
 
 
 def _steps_per_execution(model: Any) -> int:

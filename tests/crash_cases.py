@@ -149,11 +149,19 @@ def py_dataset_input() -> dict[str, Any]:
     return {"x": ShufflingPyDataset()}  # fit's shuffle=True also shuffles the batch order (Python's random)
 
 
+def keras_io_gan_input() -> dict[str, Any]:
+    """The keras.io GAN's samples (``tests/existing_code.py``), shuffled."""
+    from tests import existing_code
+
+    return {"x": existing_code.vectors(), "batch_size": 16, "shuffle": True}  # 4 steps per epoch
+
+
 INPUTS: dict[str, Callable[[], dict[str, Any]]] = {
     "arrays": array_input,
     "tf_data": tf_data_input,
     "repeated_tf_data": repeated_tf_data_input,
     "py_dataset": py_dataset_input,
+    "keras_io_gan": keras_io_gan_input,
 }
 
 
@@ -229,6 +237,19 @@ def _x_only(inputs: dict[str, Any]) -> dict[str, Any]:
     return inputs  # a PyDataset's (x, y) batches: the GAN uses x
 
 
+def keras_io_gan_mirrored() -> keras.Model:
+    """The keras.io GAN (``tests/existing_code.py``'s ``dcgan``) built under ``MirroredStrategy`` on two CPUs."""
+    from tests import existing_code
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    pattern = existing_code.pattern("dcgan", custom_fit.CustomModel)
+    with tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).scope():
+        model = pattern.make()
+        model.compile(**pattern.compile())
+    return model
+
+
 SCENARIOS: dict[str, tuple[Callable[[], keras.Model], str]] = {
     "dropout_arrays": (dropout_model, "arrays"),
     "dropout_tf_data": (dropout_model, "tf_data"),
@@ -238,29 +259,36 @@ SCENARIOS: dict[str, tuple[Callable[[], keras.Model], str]] = {
     "gan_hinge_tf_data": (lambda: gan_model("hinge"), "tf_data"),
     "gan_wgan_gp_py_dataset": (lambda: gan_model("wgan-gp"), "py_dataset"),
 }
+#: Scenarios under a tf.distribute strategy, backed up at the end of each epoch.
+STRATEGY_SCENARIOS: dict[str, tuple[Callable[[], keras.Model], str]] = {
+    "keras_io_gan_mirrored": (keras_io_gan_mirrored, "keras_io_gan"),
+}
 
 
 def variables_of(model: keras.Model) -> list[np.ndarray]:
     """The model's variables, then every optimizer's (a group's members in order)."""
     optimizer_variables = list(model.optimizer.variables)
+    for member in getattr(model.optimizer, "optimizers", []):  # a NamedOptimizers group
+        optimizer_variables += list(member.variables)
     return [np.asarray(v.numpy()) for v in list(model.variables) + optimizer_variables]
 
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("scenario", choices=sorted(SCENARIOS))
+    parser.add_argument("scenario", choices=sorted({**SCENARIOS, **STRATEGY_SCENARIOS}))
     parser.add_argument("backup_dir")
     parser.add_argument("result")
-    parser.add_argument("--save-freq", default="5")
+    parser.add_argument("--save-freq", default=None)
     args = parser.parse_args(argv)
 
     keras.utils.set_random_seed(1)
-    build, input_kind = SCENARIOS[args.scenario]
+    build, input_kind = {**SCENARIOS, **STRATEGY_SCENARIOS}[args.scenario]
     model = build()
     inputs = INPUTS[input_kind]()
     if isinstance(model, custom_fit.GAN):
         inputs = _x_only(inputs)
-    save_freq: str | int = args.save_freq if args.save_freq == "epoch" else int(args.save_freq)
+    frequency = args.save_freq or ("epoch" if args.scenario in STRATEGY_SCENARIOS else "5")
+    save_freq: str | int = frequency if frequency == "epoch" else int(frequency)
     history = model.fit(
         **inputs,
         epochs=EPOCHS,

@@ -827,6 +827,497 @@ def sampling_vae(base: type, draw: str) -> dict[str, Any]:
 GLOBAL_DRAW_MODELS = {"dcgan": dcgan, "sampling_vae": sampling_vae}
 
 
+# --------------------------------------------------------------------------
+# More existing code: run under tf.distribute strategies (tests/strategy_cases.py)
+# --------------------------------------------------------------------------
+
+
+def guide_keras3(base: type) -> dict[str, Any]:
+    """The customizing-fit guide's step, Keras 3 style (``compute_loss``, metrics updated by hand)."""
+
+    class GuideModel(base):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                loss = self.compute_loss(y=y, y_pred=y_pred)
+            trainable_vars = self.trainable_variables
+            gradients = tape.gradient(loss, trainable_vars)
+            self.optimizer.apply_gradients(zip(gradients, trainable_vars))
+            for metric in self.metrics:
+                if metric.name == "loss":
+                    metric.update_state(loss)
+                else:
+                    metric.update_state(y, y_pred)
+            return {m.name: m.result() for m in self.metrics}
+
+    def make():
+        inputs = keras.Input((FEATURES,))
+        return GuideModel(inputs, keras.layers.Dense(1)(keras.layers.Dense(16, activation="relu")(inputs)))
+
+    return dict(
+        cls=GuideModel,
+        make=make,
+        compile=lambda: dict(optimizer=keras.optimizers.Adam(1e-2), loss="mse", metrics=["mae"]),
+        fit=lambda: dict(x=vectors(), y=vectors(seed=3)[:, :1], batch_size=16),
+        optimizers=(),
+    )
+
+
+def guide_keras2(base: type) -> dict[str, Any]:
+    """The customizing-fit guide's step, Keras 2 style (``compiled_loss``, ``compiled_metrics``)."""
+
+    class GuideModel(base):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                loss = self.compiled_loss(y, y_pred, regularization_losses=self.losses)
+            trainable_vars = self.trainable_variables
+            gradients = tape.gradient(loss, trainable_vars)
+            self.optimizer.apply_gradients(zip(gradients, trainable_vars))
+            self.compiled_metrics.update_state(y, y_pred)
+            return {m.name: m.result() for m in self.metrics}
+
+    def make():
+        inputs = keras.Input((FEATURES,))
+        return GuideModel(inputs, keras.layers.Dense(1)(keras.layers.Dense(16, activation="relu")(inputs)))
+
+    return dict(
+        cls=GuideModel,
+        make=make,
+        compile=lambda: dict(optimizer=keras.optimizers.Adam(1e-2), loss="mse", metrics=["mae"]),
+        fit=lambda: dict(x=vectors(), y=vectors(seed=3)[:, :1], batch_size=16),
+        optimizers=(),
+    )
+
+
+def guide_gan_keras2(base: type) -> dict[str, Any]:
+    """The TF 2 guide's GAN: noise from ``tf.random``, the last batch's losses returned as they are."""
+
+    class GAN(base):
+        def __init__(self, discriminator, generator, latent_dim):
+            super().__init__()
+            self.discriminator = discriminator
+            self.generator = generator
+            self.latent_dim = latent_dim
+
+        def compile(self, d_optimizer, g_optimizer, loss_fn):
+            super().compile()
+            self.d_optimizer = d_optimizer
+            self.g_optimizer = g_optimizer
+            self.loss_fn = loss_fn
+
+        def train_step(self, real_images):
+            if isinstance(real_images, tuple):
+                real_images = real_images[0]
+            batch_size = tf.shape(real_images)[0]
+            random_latent_vectors = tf.random.normal(shape=(batch_size, self.latent_dim))
+            generated_images = self.generator(random_latent_vectors)
+            combined_images = tf.concat([generated_images, real_images], axis=0)
+            labels = tf.concat([tf.ones((batch_size, 1)), tf.zeros((batch_size, 1))], axis=0)
+            labels += 0.05 * tf.random.uniform(tf.shape(labels))
+            with tf.GradientTape() as tape:
+                predictions = self.discriminator(combined_images)
+                d_loss = self.loss_fn(labels, predictions)
+            grads = tape.gradient(d_loss, self.discriminator.trainable_weights)
+            self.d_optimizer.apply_gradients(zip(grads, self.discriminator.trainable_weights))
+            random_latent_vectors = tf.random.normal(shape=(batch_size, self.latent_dim))
+            misleading_labels = tf.zeros((batch_size, 1))
+            with tf.GradientTape() as tape:
+                predictions = self.discriminator(self.generator(random_latent_vectors))
+                g_loss = self.loss_fn(misleading_labels, predictions)
+            grads = tape.gradient(g_loss, self.generator.trainable_weights)
+            self.g_optimizer.apply_gradients(zip(grads, self.generator.trainable_weights))
+            return {"d_loss": d_loss, "g_loss": g_loss}
+
+    return dict(
+        cls=GAN,
+        make=lambda: GAN(mlp(FEATURES, [16, 1], "discriminator"), mlp(LATENT, [16, FEATURES], "generator"), LATENT),
+        compile=lambda: dict(
+            d_optimizer=keras.optimizers.Adam(3e-4),
+            g_optimizer=keras.optimizers.Adam(3e-4),
+            loss_fn=keras.losses.BinaryCrossentropy(from_logits=True),
+        ),
+        fit=lambda: dict(x=vectors(), batch_size=16),
+        optimizers=("d_optimizer", "g_optimizer"),
+    )
+
+
+def dcgan_conv(base: type) -> dict[str, Any]:
+    """``dcgan``'s step with convolutional sub-models on 4x4 one-channel images."""
+    pattern = dcgan(base)
+
+    def make():
+        discriminator = keras.Sequential(
+            [
+                keras.Input((4, 4, 1)),
+                keras.layers.Conv2D(4, 3, strides=2, padding="same"),
+                keras.layers.LeakyReLU(negative_slope=0.2) if not custom_fit.KERAS_2 else keras.layers.LeakyReLU(0.2),
+                keras.layers.Flatten(),
+                keras.layers.Dense(1),
+            ],
+            name="discriminator",
+        )
+        generator = keras.Sequential(
+            [
+                keras.Input((LATENT,)),
+                keras.layers.Dense(2 * 2 * 4),
+                keras.layers.Reshape((2, 2, 4)),
+                keras.layers.Conv2DTranspose(4, 3, strides=2, padding="same", activation="relu"),
+                keras.layers.Conv2D(1, 3, padding="same", activation="tanh"),
+            ],
+            name="generator",
+        )
+        return pattern["cls"](discriminator, generator, LATENT)
+
+    images = lambda: np.tanh(vectors(64, seed=4)[:, :4].repeat(4, axis=1).reshape(64, 4, 4, 1))  # noqa: E731
+    return {**pattern, "make": make, "fit": lambda: dict(x=images(), batch_size=16)}
+
+
+def self_trainer(base: type) -> dict[str, Any]:
+    """keras.io "Consistency training with supervision": a student trained on noisy views against a teacher."""
+
+    class SelfTrainer(base):
+        def __init__(self, student, teacher):
+            super().__init__()
+            self.student = student
+            self.teacher = teacher
+
+        def compile(self, optimizer, metrics, student_loss_fn, distillation_loss_fn, temperature=3):
+            super().compile(optimizer=optimizer, metrics=metrics)
+            self.student_loss_fn = student_loss_fn
+            self.distillation_loss_fn = distillation_loss_fn
+            self.temperature = temperature
+
+        def train_step(self, data):
+            clean_ds, noisy_ds = data
+            clean_images, _ = clean_ds
+            noisy_images, y = noisy_ds
+            teacher_predictions = self.teacher(clean_images, training=False)
+            with tf.GradientTape() as tape:
+                student_predictions = self.student(noisy_images, training=True)
+                student_loss = self.student_loss_fn(y, student_predictions)
+                distillation_loss = self.distillation_loss_fn(
+                    tf.nn.softmax(teacher_predictions / self.temperature, axis=1),
+                    tf.nn.softmax(student_predictions / self.temperature, axis=1),
+                )
+                total_loss = (student_loss + distillation_loss) / 2
+            trainable_vars = self.student.trainable_variables
+            gradients = tape.gradient(total_loss, trainable_vars)
+            self.optimizer.apply_gradients(zip(gradients, trainable_vars))
+            self.compiled_metrics.update_state(y, tf.nn.softmax(student_predictions, axis=1))
+            results = {m.name: m.result() for m in self.metrics}
+            results.update({"total_loss": total_loss})
+            return results
+
+    def dataset():
+        x, y = vectors(), labels()
+        noisy = x + 0.1 * np.random.default_rng(9).normal(size=x.shape).astype("float32")
+        clean_ds = tf.data.Dataset.from_tensor_slices((x, y))
+        noisy_ds = tf.data.Dataset.from_tensor_slices((noisy, y))
+        return tf.data.Dataset.zip((clean_ds, noisy_ds)).batch(16)
+
+    return dict(
+        cls=SelfTrainer,
+        make=lambda: SelfTrainer(
+            student=mlp(FEATURES, [8, CLASSES], "student"), teacher=mlp(FEATURES, [32, CLASSES], "teacher")
+        ),
+        compile=lambda: dict(
+            optimizer=keras.optimizers.Adam(),
+            metrics=[keras.metrics.SparseCategoricalAccuracy()],
+            student_loss_fn=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            distillation_loss_fn=keras.losses.KLDivergence(),
+            temperature=10,
+        ),
+        fit=lambda: dict(x=dataset()),
+        optimizers=(),
+    )
+
+
+def masked_autoencoder(base: type) -> dict[str, Any]:
+    """keras.io "Masked image modeling with Autoencoders": no ``call``; the patch encoder is built by the step.
+
+    The mask token is a raw ``tf.Variable`` created in ``__init__``, as in the
+    original (Keras 3 does not track it, so it is not trained there).
+    """
+    patches, patch_area, projection = 4, 2, 8
+
+    class Patches(keras.layers.Layer):
+        def call(self, images):
+            return tf.reshape(images, (-1, patches, patch_area))
+
+    class PatchEncoder(keras.layers.Layer):
+        def __init__(self, mask_proportion=0.5, **kwargs):
+            super().__init__(**kwargs)
+            self.mask_proportion = mask_proportion
+            self.mask_token = tf.Variable(tf.random.normal([1, patch_area]), trainable=True)
+
+        def build(self, input_shape):
+            (_, self.num_patches, self.patch_area) = input_shape
+            self.projection = keras.layers.Dense(units=projection)
+            self.position_embedding = keras.layers.Embedding(input_dim=self.num_patches, output_dim=projection)
+            self.num_mask = int(self.mask_proportion * self.num_patches)
+
+        def call(self, patches):
+            batch_size = tf.shape(patches)[0]
+            positions = tf.range(start=0, limit=self.num_patches, delta=1)
+            pos_embeddings = tf.tile(self.position_embedding(positions[tf.newaxis, ...]), [batch_size, 1, 1])
+            patch_embeddings = self.projection(patches) + pos_embeddings
+            rand_indices = tf.argsort(tf.random.uniform(shape=(batch_size, self.num_patches)), axis=-1)
+            mask_indices = rand_indices[:, : self.num_mask]
+            unmask_indices = rand_indices[:, self.num_mask :]
+            unmasked_embeddings = tf.gather(patch_embeddings, unmask_indices, axis=1, batch_dims=1)
+            unmasked_positions = tf.gather(pos_embeddings, unmask_indices, axis=1, batch_dims=1)
+            masked_positions = tf.gather(pos_embeddings, mask_indices, axis=1, batch_dims=1)
+            mask_tokens = tf.repeat(self.mask_token, repeats=self.num_mask, axis=0)
+            mask_tokens = tf.repeat(mask_tokens[tf.newaxis, ...], repeats=batch_size, axis=0)
+            masked_embeddings = self.projection(mask_tokens) + masked_positions
+            return unmasked_embeddings, masked_embeddings, unmasked_positions, mask_indices, unmask_indices
+
+    class MaskedAutoencoder(base):
+        def __init__(self, patch_layer, patch_encoder, encoder, decoder, **kwargs):
+            super().__init__(**kwargs)
+            self.patch_layer = patch_layer
+            self.patch_encoder = patch_encoder
+            self.encoder = encoder
+            self.decoder = decoder
+
+        def calculate_loss(self, images, test=False):
+            patches = self.patch_layer(images)
+            unmasked_embeddings, masked_embeddings, unmasked_positions, mask_indices, _ = self.patch_encoder(patches)
+            encoder_outputs = self.encoder(unmasked_embeddings) + unmasked_positions
+            decoder_inputs = tf.concat([encoder_outputs, masked_embeddings], axis=1)
+            decoder_patches = self.patch_layer(self.decoder(decoder_inputs))
+            loss_patch = tf.gather(patches, mask_indices, axis=1, batch_dims=1)
+            loss_output = tf.gather(decoder_patches, mask_indices, axis=1, batch_dims=1)
+            total_loss = self.compiled_loss(loss_patch, loss_output)
+            return total_loss, loss_patch, loss_output
+
+        def train_step(self, images):
+            with tf.GradientTape() as tape:
+                total_loss, loss_patch, loss_output = self.calculate_loss(images)
+            train_vars = [
+                self.patch_layer.trainable_variables,
+                self.patch_encoder.trainable_variables,
+                self.encoder.trainable_variables,
+                self.decoder.trainable_variables,
+            ]
+            grads = tape.gradient(total_loss, train_vars)
+            tv_list = []
+            for grad, var in zip(grads, train_vars):
+                for g, v in zip(grad, var):
+                    tv_list.append((g, v))
+            self.optimizer.apply_gradients(tv_list)
+            self.compiled_metrics.update_state(loss_patch, loss_output)
+            return {m.name: m.result() for m in self.metrics}
+
+    def make():
+        encoder_inputs = keras.Input((None, projection))
+        encoder = keras.Model(encoder_inputs, keras.layers.Dense(projection, activation="relu")(encoder_inputs))
+        decoder_inputs = keras.Input((patches, projection))
+        x = keras.layers.Flatten()(keras.layers.Dense(8, activation="relu")(decoder_inputs))
+        decoder = keras.Model(decoder_inputs, keras.layers.Dense(patches * patch_area)(x))
+        return MaskedAutoencoder(Patches(), PatchEncoder(), encoder, decoder)
+
+    return dict(
+        cls=MaskedAutoencoder,
+        make=make,
+        compile=lambda: dict(optimizer=keras.optimizers.Adam(1e-3), loss="mse", metrics=["mae"]),
+        fit=lambda: dict(x=vectors(), batch_size=16),
+        optimizers=(),
+    )
+
+
+def gradient_accumulation(base: type) -> dict[str, Any]:
+    """The widely copied gradient-accumulation step: a ``tf.Variable`` counter, ``tf.cond`` around the update."""
+
+    class CustomTrainStep(base):
+        def __init__(self, n_gradients, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.n_gradients = tf.constant(n_gradients, dtype=tf.int32)
+            self.n_acum_step = tf.Variable(0, dtype=tf.int32, trainable=False)
+            self.gradient_accumulation = [
+                tf.Variable(tf.zeros_like(v, dtype=tf.float32), trainable=False) for v in self.trainable_variables
+            ]
+
+        def train_step(self, data):
+            self.n_acum_step.assign_add(1)
+            x, y = data
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                loss = self.compiled_loss(y, y_pred, regularization_losses=self.losses)
+            gradients = tape.gradient(loss, self.trainable_variables)
+            for i in range(len(self.gradient_accumulation)):
+                self.gradient_accumulation[i].assign_add(gradients[i])
+            tf.cond(tf.equal(self.n_acum_step, self.n_gradients), self.apply_accu_gradients, lambda: None)
+            self.compiled_metrics.update_state(y, y_pred)
+            return {m.name: m.result() for m in self.metrics}
+
+        def apply_accu_gradients(self):
+            self.optimizer.apply_gradients(zip(self.gradient_accumulation, self.trainable_variables))
+            self.n_acum_step.assign(0)
+            for i in range(len(self.gradient_accumulation)):
+                self.gradient_accumulation[i].assign(tf.zeros_like(self.trainable_variables[i], dtype=tf.float32))
+
+    def make():
+        inputs = keras.Input((FEATURES,))
+        outputs = keras.layers.Dense(CLASSES)(keras.layers.Dense(16, activation="relu")(inputs))
+        return CustomTrainStep(n_gradients=2, inputs=inputs, outputs=outputs)
+
+    return dict(
+        cls=CustomTrainStep,
+        make=make,
+        compile=lambda: dict(
+            optimizer=keras.optimizers.Adam(1e-2),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        ),
+        fit=lambda: dict(x=vectors(), y=labels(), batch_size=16),
+        optimizers=(),
+    )
+
+
+def masked_lm(base: type) -> dict[str, Any]:
+    """keras.io "End-to-end Masked Language Modeling with BERT": module-level loss and tracker, ``reduction=None``."""
+    vocabulary, length = 12, 4
+    if custom_fit.KERAS_2:
+        loss_fn = keras.losses.SparseCategoricalCrossentropy(reduction=keras.losses.Reduction.NONE)
+    else:
+        loss_fn = keras.losses.SparseCategoricalCrossentropy(reduction=None)
+    loss_tracker = keras.metrics.Mean(name="loss")
+
+    class MaskedLanguageModel(base):
+        def train_step(self, inputs):
+            if len(inputs) == 3:
+                features, labels, sample_weight = inputs
+            else:
+                features, labels = inputs
+                sample_weight = None
+            with tf.GradientTape() as tape:
+                predictions = self(features, training=True)
+                loss = loss_fn(labels, predictions, sample_weight=sample_weight)
+            trainable_vars = self.trainable_variables
+            gradients = tape.gradient(loss, trainable_vars)
+            self.optimizer.apply_gradients(zip(gradients, trainable_vars))
+            loss_tracker.update_state(loss, sample_weight=sample_weight)
+            return {"loss": loss_tracker.result()}
+
+        @property
+        def metrics(self):
+            return [loss_tracker]
+
+    def make():
+        inputs = keras.Input((length,), dtype="int32")
+        x = keras.layers.Embedding(vocabulary, 8)(inputs)
+        x = keras.layers.Dense(8, activation="relu")(x)
+        return MaskedLanguageModel(inputs, keras.layers.Dense(vocabulary, activation="softmax")(x))
+
+    def data():
+        rng = np.random.default_rng(2)
+        tokens = rng.integers(1, vocabulary, size=(64, length)).astype("int32")
+        mask = rng.uniform(size=(64, length)) < 0.3
+        return dict(x=np.where(mask, 0, tokens), y=tokens, sample_weight=mask.astype("float32"), batch_size=16)
+
+    return dict(
+        cls=MaskedLanguageModel,
+        make=make,
+        compile=lambda: dict(optimizer=keras.optimizers.Adam(1e-3)),
+        fit=data,
+        optimizers=(),
+    )
+
+
+# --------------------------------------------------------------------------
+# The manual workaround under a strategy (the reference for tests/strategy_cases.py)
+# --------------------------------------------------------------------------
+
+
+def first_batch(fit_arguments: dict[str, Any]) -> Any:
+    """The first batch ``fit`` would see, as arrays (``x`` only unless ``y`` is given)."""
+    x = fit_arguments["x"]
+    if isinstance(x, tf.data.Dataset):
+        return next(iter(x))
+    size = fit_arguments["batch_size"]
+    return x[:size] if fit_arguments.get("y") is None else (x[:size], fit_arguments["y"][:size])
+
+
+def _build_optimizers(model: Any, updates: dict[str, list[str]]) -> None:
+    """``model.<optimizer>.build(variables of model.<sub-models>)`` for each attribute optimizer."""
+    for optimizer, parts in updates.items():
+        getattr(model, optimizer).build([v for part in parts for v in getattr(model, part).trainable_variables])
+
+
+def _gan_prebuild(model: Any, fit_arguments: dict[str, Any]) -> None:
+    _build_optimizers(model, {"d_optimizer": ["discriminator"], "g_optimizer": ["generator"]})
+    model.built = True
+
+
+def _cyclegan_prebuild(model: Any, fit_arguments: dict[str, Any]) -> None:
+    parts = {"gen_G_optimizer": ["gen_G"], "gen_F_optimizer": ["gen_F"]}
+    _build_optimizers(model, {**parts, "disc_X_optimizer": ["disc_X"], "disc_Y_optimizer": ["disc_Y"]})
+
+
+def _vae_prebuild(model: Any, fit_arguments: dict[str, Any]) -> None:
+    model.sampling.build([(None, LATENT), (None, LATENT)])  # not a call: that would draw noise
+    model.optimizer.build(model.trainable_variables)
+    model.built = True
+
+
+def _compiled_optimizer_prebuild(model: Any, fit_arguments: dict[str, Any]) -> None:
+    model.optimizer.build(model.trainable_variables)
+    model.built = True
+
+
+def _compiled_metrics_prebuild(model: Any, fit_arguments: dict[str, Any]) -> None:
+    x, y = first_batch(fit_arguments)
+    if isinstance(x, tuple):  # the self-trainer's (clean, noisy) views
+        x, y = x
+    model.compiled_metrics.update_state(y, model.student(x))  # builds the compiled metrics
+    model.reset_metrics()
+    _compiled_optimizer_prebuild(model, fit_arguments)
+
+
+def _simclr_prebuild(model: Any, fit_arguments: dict[str, Any]) -> None:
+    images, _ = first_batch(fit_arguments)
+    features = model.encoder(images)
+    model.projection_head(features)
+    model.linear_probe(features)
+    _build_optimizers(
+        model, {"contrastive_optimizer": ["encoder", "projection_head"], "probe_optimizer": ["linear_probe"]}
+    )
+    model.built = True
+
+
+def _masked_autoencoder_prebuild(model: Any, fit_arguments: dict[str, Any]) -> None:
+    model.patch_encoder(model.patch_layer(first_batch(fit_arguments)))
+    patches = tf.zeros((1, 2, 2))
+    model.compiled_loss(patches, patches)  # builds the compiled loss and metrics
+    model.compiled_metrics.update_state(patches, patches)
+    model.reset_metrics()
+    model.optimizer.build(model.trainable_variables)
+    model.built = True
+
+
+#: What a user writes to train a pattern under a strategy without custom_fit: build the
+#: optimizers on the variables they update and the sub-models by a call, mark the model built.
+PREBUILD: dict[str, Callable[[Any, dict[str, Any]], None]] = {
+    "dcgan": _gan_prebuild,
+    "dcgan_conv": _gan_prebuild,
+    "guide_gan_keras2": _gan_prebuild,
+    "conditional": _gan_prebuild,
+    "wgan_gp": _gan_prebuild,
+    "cyclegan": _cyclegan_prebuild,
+    "vae": _vae_prebuild,
+    "distiller": _compiled_metrics_prebuild,
+    "self_trainer": _compiled_metrics_prebuild,
+    "simsiam": _compiled_optimizer_prebuild,
+    "barlow_twins": _compiled_optimizer_prebuild,
+    "simclr": _simclr_prebuild,
+    "masked_autoencoder": _masked_autoencoder_prebuild,
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Pattern:
     """A pattern made for one base class: how to build, compile and fit it."""
@@ -857,5 +1348,22 @@ PATTERNS = {
 }
 
 
+#: Patterns that only the strategy cases run (``tests/strategy_cases.py``); with ``PATTERNS``, ``ALL_PATTERNS``.
+MORE_PATTERNS = {
+    factory.__name__: factory
+    for factory in (
+        guide_keras3,
+        guide_keras2,
+        guide_gan_keras2,
+        dcgan_conv,
+        self_trainer,
+        masked_autoencoder,
+        gradient_accumulation,
+        masked_lm,
+    )
+}
+ALL_PATTERNS = {**PATTERNS, **MORE_PATTERNS}
+
+
 def pattern(name: str, base: type) -> Pattern:
-    return Pattern(name=name, **PATTERNS[name](base))
+    return Pattern(name=name, **ALL_PATTERNS[name](base))

@@ -6,6 +6,7 @@ cases (so that pytest-xdist can run the groups side by side)::
 
     python -m tests.strategy_cases mirrored_parity OUT.json   # also mirrored_fusion,
     python -m tests.strategy_cases worker INDEX PORT0,PORT1 OUT.json   # _clipping, _gan
+                                                    # mirrored_existing_code; worker_existing_code
 
 and read the measured results (max |delta| between runs, errors raised) from
 ``OUT.json``.
@@ -17,6 +18,7 @@ import json
 import os
 import sys
 import traceback
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -254,6 +256,196 @@ def mirrored_gan():
     }
 
 
+# --------------------------------------------------------------------------
+# Existing code (tests/existing_code.py) under the strategies
+# --------------------------------------------------------------------------
+
+
+def existing_code_run(name, base, strategy=None, prebuild=False, epochs=2, **extra_compile):
+    """Builds, compiles and fits pattern ``name`` on ``base``, as its author would; weights and history.
+
+    ``prebuild``: apply the manual workaround first (``existing_code.PREBUILD``).
+    ``extra_compile`` goes to the pattern's own ``compile`` (e.g. ``steps_per_execution``).
+    """
+    import warnings
+
+    from custom_fit import keras
+    from tests import existing_code
+
+    pattern = existing_code.pattern(name, base)
+    keras.utils.set_random_seed(SEED)
+    fit_arguments = pattern.fit()
+    with (strategy or tf.distribute.get_strategy()).scope():
+        model = pattern.make()
+        model.compile(**pattern.compile(), **extra_compile)
+        if prebuild:
+            existing_code.PREBUILD[name](model, fit_arguments)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # keras.Model's deprecation warnings for Keras-2-style steps
+        history = model.fit(**fit_arguments, epochs=epochs, shuffle=False, verbose=0)
+    return {
+        "weights": [w.tolist() for w in model.get_weights()],
+        "history": {k: [float(v) for v in values] for k, values in history.history.items()},
+    }
+
+
+def short_error(result):
+    """An ``attempt``'s error in a line (or ``"ok"``): its first line, and the telling one if that is generic."""
+    if "ok" in result:
+        return "ok"
+    lines = [line.strip() for line in result["error"].splitlines() if line.strip()]
+    if lines[0].endswith(":"):  # "Graph execution error:", "in user code:"
+        markers = ("Detected at node", "Please use", "merge_call")
+        telling = [line for line in lines if any(marker in line for marker in markers)] or lines[-1:]
+        return f"{lines[0]} ... {telling[0]}"[:400]
+    return lines[0][:400]
+
+
+def existing_code_deltas(reference, custom, drop=()):
+    """Max |delta| of weights and history (keys in ``drop`` left out) between two runs.
+
+    History keys only one run logged are listed (``only_in_reference`` / ``only_in_custom``) and
+    left out of the history delta.
+    """
+    from tests.parity import max_delta
+
+    history = {k: v for k, v in reference["history"].items() if k not in drop}
+    other = {k: v for k, v in custom["history"].items() if k not in drop}
+    common = sorted(set(history) & set(other))
+    deltas: dict[str, Any] = {
+        "weights": max_delta(reference["weights"], custom["weights"]),
+        "history": max_delta({k: history[k] for k in common}, {k: other[k] for k in common}),
+    }
+    if set(history) - set(other):
+        deltas["only_in_reference"] = sorted(set(history) - set(other))
+    if set(other) - set(history):
+        deltas["only_in_custom"] = sorted(set(other) - set(history))
+    return deltas
+
+
+#: Keras-2-style steps (``self.compiled_loss`` / ``self.compiled_metrics``): keras.Model on Keras 3
+#: logs the mean prediction as ``loss`` (or 0.0), and Keras 3.8 drops their ``val_`` metrics.
+KERAS_2_STYLE_STEPS = {
+    "guide_keras2",
+    "sam",
+    "distiller",
+    "self_trainer",
+    "masked_autoencoder",
+    "gradient_accumulation",
+}
+
+
+def mirrored_existing_code():
+    """Every pattern under MirroredStrategy: CustomModel, keras.Model, and the manual workaround.
+
+    For each pattern: whether ``keras.Model`` and ``CustomModel`` train, and
+    CustomModel's max |delta| from the reference: ``keras.Model`` where it
+    trains, else ``keras.Model`` with the manual workaround
+    (``existing_code.PREBUILD``). The patterns only this group runs are
+    also compared with ``keras.Model`` on one device. Then ``steps_per_execution``
+    2 and ``"auto"`` against 1, and what a hand-written ``tf.reduce_mean`` loss
+    means under two replicas.
+    """
+    strategy = mirrored_strategy()
+    tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})  # see conftest
+    import custom_fit
+    from custom_fit import keras
+    from tests import existing_code
+
+    results = {"replicas": strategy.num_replicas_in_sync}
+    runs = {}
+    for name in existing_code.ALL_PATTERNS:
+        drop = ("loss", "val_loss") if name in KERAS_2_STYLE_STEPS and not custom_fit.KERAS_2 else ()
+        row = {}
+        if name in existing_code.MORE_PATTERNS:
+            plain = attempt(lambda name=name: existing_code_run(name, keras.Model))
+            custom = attempt(lambda name=name: existing_code_run(name, custom_fit.CustomModel))
+            row["single"] = existing_code_deltas(plain["ok"], custom["ok"], drop) if "ok" in plain else plain
+        custom = attempt(lambda name=name: existing_code_run(name, custom_fit.CustomModel, strategy))
+        plain = attempt(lambda name=name: existing_code_run(name, keras.Model, strategy))
+        row["custom"], row["keras"] = short_error(custom), short_error(plain)
+        if "error" in custom:
+            row["custom_error"], row["custom_traceback"] = custom["error"], custom["traceback"]
+            reference = None
+        elif "ok" in plain:
+            row["reference"], reference = "keras.Model", plain
+        elif name in existing_code.PREBUILD:
+            reference = attempt(lambda name=name: existing_code_run(name, keras.Model, strategy, prebuild=True))
+            row["reference"] = "keras.Model with the workaround"
+            row["keras_with_workaround"] = short_error(reference)
+        else:
+            reference = None
+        if reference is not None and "ok" in custom and "ok" in reference:
+            row["vs_reference"] = existing_code_deltas(reference["ok"], custom["ok"], drop)
+        runs[name] = custom
+        results[f"pattern/{name}"] = row
+
+    fused: dict[str, tuple[int | str, ...]] = {"masked_autoencoder": (2,), "vae": ("auto",)}
+    if not custom_fit.KERAS_2:  # tf_keras refuses SimCLR's loss objects under a strategy
+        fused["simclr"] = (2, "auto")
+    for name, choices in fused.items():
+        for steps in choices:
+            run_ = attempt(
+                lambda name=name, steps=steps: existing_code_run(
+                    name, custom_fit.CustomModel, strategy, steps_per_execution=steps
+                )
+            )
+            ok = "ok" in run_ and "ok" in runs[name]
+            results[f"fused/{name}/{steps}"] = existing_code_deltas(runs[name]["ok"], run_["ok"]) if ok else run_
+    results["handwritten_loss"] = handwritten_loss(strategy)
+    return results
+
+
+def handwritten_loss(strategy):
+    """One SGD step of a hand-written ``tf.reduce_mean`` loss (and of ``custom_fit.batch_mean``).
+
+    Returns, per base class and loss, the update under the strategy divided
+    by the update on one device (on the same global batch): the number of
+    replicas for ``tf.reduce_mean``, 1 for the replica-correct loss.
+    """
+    import custom_fit
+    from custom_fit import keras
+
+    d = data()
+    x, y = d["x"][:GLOBAL_BATCH], d["x"][:GLOBAL_BATCH, :1]
+
+    def make(base: type, reduce):
+        class Regression(base):
+            def train_step(self, data):
+                x, y = data
+                with tf.GradientTape() as tape:
+                    loss = reduce(tf.square(y - self(x, training=True)))
+                gradients = tape.gradient(loss, self.trainable_variables)
+                self.optimizer.apply_gradients(zip(gradients, self.trainable_variables, strict=True))
+                return {"loss": loss}
+
+        inputs = keras.Input((8,))
+        return Regression(inputs, keras.layers.Dense(1, kernel_initializer="ones")(inputs))
+
+    def update(base, reduce, strategy_):
+        with (strategy_ or tf.distribute.get_strategy()).scope():
+            model = make(base, reduce)
+            model.compile(optimizer=keras.optimizers.SGD(0.01))
+        before = model.get_weights()[0]
+        model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, shuffle=False, verbose=0)
+        return model.get_weights()[0] - before
+
+    def global_mean(values):  # tf.nn.compute_average_loss with the global batch size
+        per_sample = tf.reduce_mean(values, axis=-1)
+        return tf.nn.compute_average_loss(per_sample, global_batch_size=GLOBAL_BATCH)
+
+    ratios = {}
+    for base in (keras.Model, custom_fit.CustomModel):
+        for loss_name, reduce in (
+            ("reduce_mean", tf.reduce_mean),
+            ("batch_mean", custom_fit.batch_mean),
+            ("compute_average_loss", global_mean),
+        ):
+            ratio = update(base, reduce, strategy) / update(base, reduce, None)
+            ratios[f"{base.__name__}/{loss_name}"] = [float(ratio.min()), float(ratio.max())]
+    return ratios
+
+
 def worker(index: int, ports: list[int]):
     """One of two ``MultiWorkerMirroredStrategy`` workers, training on its own shard."""
     os.environ["TF_CONFIG"] = json.dumps(
@@ -307,6 +499,30 @@ def worker(index: int, ports: list[int]):
     }
 
 
+#: Patterns the two MultiWorkerMirroredStrategy workers train: a GAN with a nested tape, a
+#: distiller, self-supervised models (SimCLR's sub-models are built by its step).
+WORKER_PATTERNS = ("wgan_gp", "distiller", "simsiam", "simclr")
+
+
+def worker_existing_code(index: int, ports: list[int]):
+    """One of two ``MultiWorkerMirroredStrategy`` workers training ``WORKER_PATTERNS`` with CustomModel."""
+    os.environ["TF_CONFIG"] = json.dumps(
+        {
+            "cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+            "task": {"type": "worker", "index": index},
+        }
+    )
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
+    import custom_fit
+
+    results = {"workers": strategy.cluster_resolver.cluster_spec().num_tasks("worker")}
+    for name in WORKER_PATTERNS:
+        run_ = attempt(lambda name=name: existing_code_run(name, custom_fit.CustomModel, strategy))
+        results[name] = run_ if "ok" in run_ else {"error": short_error(run_), "traceback": run_["traceback"]}
+    return results
+
+
 def single_process_reference():
     """The same training as the workers', in one process on the global batch."""
     import custom_fit
@@ -331,14 +547,16 @@ GROUPS = {
     "mirrored_fusion": mirrored_fusion,
     "mirrored_clipping": mirrored_clipping,
     "mirrored_gan": mirrored_gan,
+    "mirrored_existing_code": mirrored_existing_code,
     "single": single_process_reference,
 }
 
 
 def main(argv):
     group, out = argv[0], argv[-1]
-    if group == "worker":
-        result = worker(int(argv[1]), [int(p) for p in argv[2].split(",")])
+    if group in ("worker", "worker_existing_code"):
+        work = worker if group == "worker" else worker_existing_code
+        result = work(int(argv[1]), [int(p) for p in argv[2].split(",")])
     elif group in GROUPS:
         result = GROUPS[group]()
     else:

@@ -481,3 +481,19 @@ def test_sigkill_at_random_moments_changes_nothing(scenario: str, tmp_path: Path
     assert report.kills == collections.Counter(KILLS)
     assert difference == 0.0
     assert not (tmp_path / "backup").exists(), "the completed run deletes its backups and what kills left"
+
+
+@pytest.mark.slow
+@pytest.mark.keras3  # on Keras 2 the keras.io GAN draws noise from tf.random, whose state no Keras 2 format saves
+def test_sigkill_between_epochs_resumes_a_keras_io_gan_under_mirrored_strategy(
+    tmp_path: Path, uninterrupted_results: Any
+) -> None:
+    """Attribute optimizers, a custom compile, two replicas: killed in two epoch-end backup writes, resumed."""
+    scenario = "keras_io_gan_mirrored"
+    report = run_with_kills(scenario, tmp_path, seed=0, kills=("write", "write"))
+    difference = _max_difference(uninterrupted_results(scenario), tmp_path / "result.npz")
+    print(f"\nkill harness: {scenario}: {json.dumps(dataclasses.asdict(report))}, max |difference| {difference}")
+    assert report == KillReport(kills={"write": 2}, restarts=3)
+    with np.load(tmp_path / "result.npz") as result:
+        assert result["epochs_run"] < crash_cases.EPOCHS  # the last process resumed from a backup
+    assert difference == 0.0

@@ -518,5 +518,11 @@ class TrainerHooks:
                     next(batches),
                 )
                 break
+        if type(self).call in (keras.Model.call, keras.layers.Layer.call):
+            # A model never called itself (a GAN, a distiller, a VAE): Keras' symbolic
+            # build of its forward pass fails ("Unable to automatically build the
+            # model"). Its step builds what is unbuilt, as on one device;
+            # custom_fit.distribution creates those variables under the strategy.
+            return
         with strategy.scope():
             self._symbolic_build(data_batch=data_batch)

@@ -1,0 +1,91 @@
+"""custom_fit.distribution without a strategy: the merge_call error explained, other errors untouched.
+
+The strategy cases themselves (variables created outside the replica context, keras.io-style code
+under MirroredStrategy and MultiWorkerMirroredStrategy) run in subprocesses: tests/test_distribute.py.
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import tensorflow as tf
+
+from custom_fit import distribution
+
+# What TensorFlow 2.21 raises for apply_gradients inside tf.cond under MirroredStrategy (abridged).
+TF_MERGE_CALL_ERROR = (
+    "`merge_call` called while defining a new graph or a tf.function. This can often happen if the "
+    "function `fn` passed to `strategy.run()` contains a nested `@tf.function`, and the nested "
+    "`@tf.function` contains a synchronization point, such as aggregating gradients (e.g, "
+    "optimizer.apply_gradients), or if the function `fn` uses a control flow statement which contains "
+    "a synchronization point in the body. Such behaviors are not yet supported."
+)
+
+
+def fake_model():
+    return types.SimpleNamespace(name="accumulating", distribute_strategy=tf.distribute.MirroredStrategy(["/cpu:0"]))
+
+
+def raising(error):
+    def function(iterator):
+        raise error
+
+    return function
+
+
+def test_apply_gradients_in_a_cond_is_explained_with_the_fix():
+    original = RuntimeError(TF_MERGE_CALL_ERROR)
+    function = distribution.explain_merge_call_errors(fake_model(), raising(original))
+    with pytest.raises(RuntimeError) as raised:
+        function(None)
+    message = str(raised.value)
+    assert "'accumulating' updates variables across replicas (optimizer.apply_gradients) inside a tf.cond" in message
+    assert "Expected every optimizer update to run unconditionally in the step under MirroredStrategy" in message
+    assert "Fix: call apply_gradients on every step, outside tf.cond" in message
+    assert raised.value.__cause__ is original
+
+
+def test_other_errors_pass_unchanged():
+    original = RuntimeError("something else")
+    function = distribution.explain_merge_call_errors(fake_model(), raising(original))
+    with pytest.raises(RuntimeError) as raised:
+        function(None)
+    assert raised.value is original
+
+
+def test_the_function_result_passes_through():
+    function = distribution.explain_merge_call_errors(fake_model(), lambda iterator: {"loss": 1.0})
+    assert function(None) == {"loss": 1.0}
+
+
+def test_outside_a_replica_context_variables_are_created_as_usual():
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope(), distribution.variables_created_outside_replicas():  # the cross-replica context
+        mirrored = tf.Variable(2.0)
+    assert isinstance(mirrored, tf.distribute.DistributedValues)
+    with distribution.variables_created_outside_replicas():  # no strategy
+        plain = tf.Variable(2.0)
+    assert not isinstance(plain, tf.distribute.DistributedValues)
+
+
+def test_a_variable_created_in_a_replica_context_is_mirrored_and_initialised():
+    """One replica here (no logical devices in this process); two: tests/test_distribute.py."""
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    created: list[tf.Variable] = []
+
+    def step():
+        if not created:
+            with distribution.variables_created_outside_replicas():
+                created.append(tf.Variable(lambda: tf.fill([2], 3.0)))
+        return created[0].assign_add(tf.ones([2]))
+
+    @tf.function
+    def train():
+        return strategy.run(step)
+
+    train()
+    assert isinstance(created[0], tf.distribute.DistributedValues)
+    assert created[0].numpy().tolist() == [4.0, 4.0]
+    train()
+    assert created[0].numpy().tolist() == [5.0, 5.0]
