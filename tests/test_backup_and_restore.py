@@ -207,6 +207,7 @@ RESUME_CASES = [  # (model, input, steps_per_execution, save_freq, interrupts)
     ("dropout", "tf_data", 1, 5, (7, 31)),
     ("dropout", "repeated_tf_data", 1, 4, (7, 18)),
     ("dropout", "py_dataset", 1, 6, (20,)),
+    ("dropout", "plain_py_dataset", 1, 6, (7, 31)),
     ("named", "repeated_tf_data", "auto", 5, (23,)),
     ("dropout", "arrays", 1, "epoch", (20,)),
 ]
