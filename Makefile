@@ -44,9 +44,9 @@ test-fast: $(STAMP)
 	$(PYTEST) -m "not slow" tests custom_fit
 
 ## Extra rows of the support matrix (compat/*.txt): one venv each, the compat subset of the tests.
-COMPAT_ROWS ?= keras-3.8 keras-3.12 tf_keras-2.17
+COMPAT_ROWS ?= keras-3.8 keras-3.12 keras-3.16-nightly tf_keras-2.17
 COMPAT_TESTS := tests/test_model_parity.py tests/test_compiled.py tests/test_optimizers.py tests/test_gan.py \
-	tests/test_model_saving.py tests/test_functional.py tests/test_distribute.py
+	tests/test_model_saving.py tests/test_functional.py tests/test_distribute.py tests/test_keras_internals.py
 # Not in the rows: the two-process MultiWorkerMirrored runs and the 100-epoch GAN image quality
 # check (both run on the pinned stack in `make test`; the rows check behaviour, not image quality).
 COMPAT_DESELECT := not two_workers and not digits_gan_image_grid
@@ -57,11 +57,17 @@ test-compat: $(addprefix test-compat-,$(COMPAT_ROWS))
 compat-venvs: $(COMPAT_VENVS)
 .PRECIOUS: .venv-compat/%/.installed  # a stamp, not an intermediate file make may delete
 
+# A row that pins keras-nightly (the `keras` module under another distribution name) first gets
+# the keras release install_requires pulls, which is then removed and the nightly installed instead.
 .venv-compat/%/.installed: compat/%.txt constraints.txt setup.cfg setup.py pyproject.toml
 	$(PYTHON) -m venv .venv-compat/$*
 	grep -v -E '$(STACK_PINS)' constraints.txt > .venv-compat/$*/tools.txt
 	.venv-compat/$*/bin/python -m pip install --quiet --upgrade pip
 	.venv-compat/$*/bin/python -m pip install --quiet -c compat/$*.txt -c .venv-compat/$*/tools.txt -e ".[test]"
+	if grep -q -E '^keras-nightly==' compat/$*.txt; then \
+		.venv-compat/$*/bin/python -m pip uninstall --quiet -y keras && \
+		.venv-compat/$*/bin/python -m pip install --quiet -c compat/$*.txt -c .venv-compat/$*/tools.txt keras-nightly; \
+	fi
 	touch $@
 
 ## The same rows one at a time, each venv removed once its tests pass: for a machine short of disk

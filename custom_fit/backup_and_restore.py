@@ -114,6 +114,9 @@ class Backup:
             earlier epoch's ``on_epoch_begin`` and ``on_epoch_end``.
         metric_values: The value of each variable of each of ``model.metrics``
             (none when ``step`` is 0: Keras resets them when an epoch begins).
+        data_epoch: How many epochs Keras' data adapter had ended when
+            ``epoch`` began, where its shuffle depends on it (Keras >= 3.16);
+            else ``None``.
     """
 
     epoch: int
@@ -123,6 +126,7 @@ class Backup:
     random_state: RandomState
     hook_states: list[tuple[RandomState, RandomState]]
     metric_values: list[list[np.ndarray]]
+    data_epoch: int | None = None
 
     def write(self, directory: Path) -> None:
         """Writes ``meta.json`` and ``state.npz`` into ``directory``."""
@@ -134,6 +138,7 @@ class Backup:
             "skip": self.skip,
             "hook_epochs": len(self.hook_states),
             "metric_variables": [len(values) for values in self.metric_values],
+            "data_epoch": self.data_epoch,
         }
         (directory / _META).write_text(json.dumps(meta))
         arrays: dict[str, Any] = _random_arrays("epoch_", [self.random_state])
@@ -171,6 +176,7 @@ class Backup:
                         [arrays[f"metric_{i}_{j}"] for j in range(count)]
                         for i, count in enumerate(meta["metric_variables"])
                     ],
+                    data_epoch=meta.get("data_epoch"),  # backups written before Keras 3.16 support have none
                 )
         except (OSError, KeyError, TypeError, json.JSONDecodeError, EOFError) as error:
             raise ValueError(f"The backup in {directory} cannot be read ({type(error).__name__}: {error}).") from error
@@ -198,6 +204,8 @@ class EpochPosition:
         self.hook_states: list[tuple[RandomState, RandomState]] = []
         self.records_hooks = False
         self.adapter: Any = None  # Keras' data adapter (set by the epoch iterator)
+        #: The data adapter's count of ended epochs when the current epoch began (Keras >= 3.16).
+        self.data_epoch: int | None = None
         self.element_spec: Any = None  # the structure, shapes and dtypes of a batch
         self._batches_before_step_0 = 0
         self._next_epoch: tuple[int, int] | None = None
@@ -215,8 +223,9 @@ class EpochPosition:
         self.iterator = self.iterators_made
         self.iterators_made += 1
 
-    def epoch_begins(self) -> None:
-        """The data's ``on_epoch_begin`` is about to run."""
+    def epoch_begins(self, data_epoch: int | None = None) -> None:
+        """The data's ``on_epoch_begin`` is about to run (its adapter has ended ``data_epoch`` epochs)."""
+        self.data_epoch = data_epoch
         self._next_epoch = None
         if self.records_hooks:
             self._hook_begin = RandomState.capture()
@@ -400,7 +409,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         """Writes a backup when ``save_freq`` steps were trained since the last one."""
         if self._every is not None and self._unsaved_steps + batch - self._counted_from >= self._every:
             assert self._position is not None
-            self._write(self._epoch, batch, *self._position.at_step(batch), self._epoch_random_state)
+            position = self._position
+            self._write(self._epoch, batch, *position.at_step(batch), self._epoch_random_state, position.data_epoch)
             self._unsaved_steps, self._counted_from = 0, batch
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
@@ -412,7 +422,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._unsaved_steps += self._steps_in_epoch - self._counted_from
         if self._every is None or self._unsaved_steps >= self._every:
             position = self._position.at_next_epoch() if self._position is not None else (0, 0)
-            self._write(epoch + 1, 0, *position, RandomState.capture())
+            self._write(epoch + 1, 0, *position, RandomState.capture(), self._data_epoch_now())
             self._unsaved_steps = 0
 
     def on_train_end(self, logs: Any = None) -> None:
@@ -427,7 +437,15 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     # Writing and reading -------------------------------------------------------------
 
-    def _write(self, epoch: int, step: int, iterator: int, skip: int, random_state: RandomState) -> None:
+    def _data_epoch_now(self) -> int | None:
+        """The data adapter's count of ended epochs (Keras >= 3.16), read after an epoch ended."""
+        if self._position is None or self._position.adapter is None:
+            return None
+        return keras3_only.data_epoch(self._position.adapter)
+
+    def _write(
+        self, epoch: int, step: int, iterator: int, skip: int, random_state: RandomState, data_epoch: int | None
+    ) -> None:
         backup = Backup(
             epoch=epoch,
             step=step,
@@ -439,6 +457,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             metric_values=[[np.asarray(v.numpy()) for v in m.variables] for m in _epoch_metrics(self.model)]
             if step
             else [],
+            data_epoch=data_epoch,
         )
 
         def fill(directory: Path) -> None:

@@ -156,12 +156,33 @@ def keras_io_gan_input() -> dict[str, Any]:
     return {"x": existing_code.vectors(), "batch_size": 16, "shuffle": True}  # 4 steps per epoch
 
 
+class PlainPyDataset(keras.utils.PyDataset if hasattr(keras.utils, "PyDataset") else keras.utils.Sequence):  # type: ignore[misc]
+    """A ``PyDataset`` without epoch hooks: only ``fit``'s ``shuffle=True`` changes its batch order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.x, self.y = arrays()
+
+    def __len__(self) -> int:
+        return SAMPLES // BATCH
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.x[index * BATCH : (index + 1) * BATCH], self.y[index * BATCH : (index + 1) * BATCH]
+
+
+def plain_py_dataset_input() -> dict[str, Any]:
+    # Keras 3.8-3.15 shuffle the batch order with Python's global random state, 3.16 with
+    # random.Random(epochs the data adapter has ended): a resumed fit must continue that count.
+    return {"x": PlainPyDataset(), "shuffle": True}
+
+
 INPUTS: dict[str, Callable[[], dict[str, Any]]] = {
     "arrays": array_input,
     "tf_data": tf_data_input,
     "repeated_tf_data": repeated_tf_data_input,
     "py_dataset": py_dataset_input,
     "keras_io_gan": keras_io_gan_input,
+    "plain_py_dataset": plain_py_dataset_input,
 }
 
 

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.keras3  # Keras 2's CallbackList skips unused hooks and
 DATA = parity.classification_data()
 
 
-def train(base, verbose=0, callbacks=(), epochs=2, x=DATA["x"], sample_weight=None):
+def train(base, verbose=0, callbacks=(), epochs=2, x=DATA["x"], **fit_kwargs):
     keras.utils.set_random_seed(1)
     inputs = keras.Input((parity.N_FEATURES,))
     hidden = keras.layers.Dense(16, activation="relu")(inputs)
@@ -31,7 +31,7 @@ def train(base, verbose=0, callbacks=(), epochs=2, x=DATA["x"], sample_weight=No
     with contextlib.redirect_stdout(output):
         history = model.fit(
             x, DATA["y"], batch_size=16, epochs=epochs, verbose=verbose, callbacks=list(callbacks),
-            validation_data=(DATA["x_val"], DATA["y_val"]), sample_weight=sample_weight,
+            validation_data=(DATA["x_val"], DATA["y_val"]), **fit_kwargs,
         )  # fmt: skip
     return model, history.history, output.getvalue()
 
@@ -75,16 +75,17 @@ def test_callbacks_reading_batch_logs_see_every_value_of_keras_model():
 
 
 def test_terminate_on_nan_stops_at_the_same_step():
-    # A NaN sample weight makes its batch's loss NaN. (A NaN input does not on every CPU: with
-    # oneDNN on Xeons with AMX, the Dense + ReLU layers turn it into finite numbers.)
+    # A NaN sample weight makes the loss of the batch holding sample 40 NaN, on every CPU. (A NaN
+    # input does not: where TensorFlow fuses Dense + ReLU with oneDNN, the fused ReLU maps NaN to 0.)
     sample_weight = np.ones(len(DATA["x"]), "float32")
     sample_weight[40] = np.nan
     stops = {}
     for base in (keras.Model, custom_fit.CustomModel):
         recorder = parity.BatchLogRecorder()
-        _, history, _ = train(base, callbacks=[recorder, keras.callbacks.TerminateOnNaN()], sample_weight=sample_weight)
+        callbacks = [recorder, keras.callbacks.TerminateOnNaN()]
+        _, history, _ = train(base, callbacks=callbacks, sample_weight=sample_weight, shuffle=False)
         stops[base] = ([b for kind, b, _ in recorder.logs if kind == "train"], history)
-    assert stops[custom_fit.CustomModel][0] == stops[keras.Model][0] == [0, 1]  # NaN from batch 1's update
+    assert stops[custom_fit.CustomModel][0] == stops[keras.Model][0] == [0, 1, 2]  # batch 2: samples 32-47
     assert parity.max_delta(stops[keras.Model][1], stops[custom_fit.CustomModel][1]) == 0.0
 
 

@@ -13,6 +13,7 @@ import functools
 import pathlib
 import tempfile
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -298,3 +299,31 @@ def test_mixed_precision_matches_keras_model(seed, mixed_float16):
     assert candidate.model.compute_dtype == "float16"
     assert isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
     assert float(optimizer.loss_scale if custom_fit.KERAS_2 else optimizer.dynamic_scale) > 1
+
+
+@pytest.mark.keras3
+def test_per_output_losses_weigh_batches_as_the_keras_in_use_does():
+    """Keras' own difference: 3.16 weighs batches in ``cls_loss``/``reg_loss`` by the traced batch size.
+
+    From Keras 3.16 (keras-team/keras#23179) a step per execution runs on a
+    batch fetched before the compiled step, so the step is traced with the
+    first batch's static size, and the per-output loss trackers (weighted by
+    that static size) weigh a batch of that size by its size and, after a
+    batch of another size makes ``reduce_retracing`` relax the shape, that
+    batch by 1. Keras 3.8-3.15 fetch inside the compiled step (no static
+    size): every batch weighs 1. ``loss`` and the metrics weigh every batch
+    by its size on all versions. custom_fit does what the Keras in use does.
+    """
+    x, y = DATA["x_val"], two_output_targets("_val")  # 30 samples: batches of 16 and 14
+    results = {}
+    for base in (keras.Model, custom_fit.CustomModel):
+        keras.utils.set_random_seed(1)
+        model = two_outputs(base)
+        model.compile(**TWO_OUTPUTS)
+        results[base] = model.evaluate(x, y, batch_size=16, verbose=0, return_dict=True)
+    squared_error = (model.predict(x, verbose=0)["reg"] - y["reg"]) ** 2
+    batch_means = np.array([squared_error[:16].mean(), squared_error[16:].mean()])
+    traced_with_batch_size = tuple(int(p) for p in keras.version().split(".")[:2]) >= (3, 16)
+    weights = np.array([16.0, 1.0]) if traced_with_batch_size else np.array([1.0, 1.0])
+    assert results[custom_fit.CustomModel] == results[keras.Model]
+    assert np.isclose(results[keras.Model]["reg_loss"], np.dot(weights, batch_means) / weights.sum(), rtol=1e-6)

@@ -11,6 +11,12 @@ with the helpers of :mod:`~custom_fit._compat.common` that are the same for
 both. Keras-3-only features import :mod:`~custom_fit._compat.keras3_only`
 themselves.
 
+Where custom_fit copies, rewrites, replaces or wraps a Keras internal,
+:mod:`~custom_fit._compat.internals` lists it with the upstream functions it
+was made from, and ``tests/test_keras_internals.py`` fails when the installed
+Keras changed one of them since the version it was reviewed against
+(docs/keras_internals.md: every copy, what it changes and why).
+
 Nothing in this package is public API.
 """
 

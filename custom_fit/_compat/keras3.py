@@ -86,6 +86,10 @@ __all__ = [
 KERAS_VERSION: str = f"keras {keras.version()}"
 _VERSION = tuple(int(part) for part in keras.version().split(".")[:2])
 
+#: Whether Keras runs one step per execution on a batch it fetched before the compiled step
+#: (3.16, keras-team/keras#23179) rather than fetching it inside (3.8-3.15); see ``make_step_function``.
+_STEPS_ON_A_FETCHED_BATCH = _VERSION >= (3, 16)
+
 #: Keras 3 optimizers clip each replica's gradient, then sum across replicas.
 CLIPS_AFTER_AGGREGATION = False
 
@@ -205,6 +209,17 @@ def make_step_function(
     raise ``StopIteration`` when the iterator is exhausted. Training and
     evaluation build the same function on Keras 3.
 
+    With one step per execution, Keras 3.16 (keras-team/keras#23179) fetches
+    the batch in Python (``get_next_as_optional``) and calls the compiled
+    step on it; 3.8-3.15 fetch it inside a compiled function. The step is
+    then traced with the batch's static shape (the first batch's, until a
+    batch of another size makes ``reduce_retracing`` relax it to ``None``),
+    and what reads a static shape sees it: Keras' per-output loss trackers
+    weigh each batch by ``y_pred.shape[0]``, so a batch of the first size
+    weighs its size and one of another size 1 (3.8-3.15: always ``None``,
+    every batch weighs 1). This function does what the Keras in use does,
+    so those trackers equal ``keras.Model``'s on every version.
+
     It differs in how the fused loop is built. Keras 3.15 runs each step
     inside a ``tf.cond`` within the ``tf.while_loop``. Under ``tf.distribute``
     the optimizer aggregates gradients with a cross-replica ``merge_call``;
@@ -270,13 +285,19 @@ def make_step_function(
     def function(iterator: Any) -> Any:
         if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
             steps = tuner.planned_steps if training and tuner is not None else model.steps_per_execution
-            if steps == 1:
-                outputs = one_step_on_iterator(iterator)
+            if steps == 1 and _STEPS_ON_A_FETCHED_BATCH:
+                batch = iterator.get_next_as_optional()
+                if not batch.has_value():
+                    raise StopIteration
+                logs = one_step_on_data(batch.get_value())
             else:
-                outputs = multi_step_on_iterator(iterator, tf.constant(steps, "int32"))
-            if not outputs.has_value():
-                raise StopIteration
-            logs = outputs.get_value()
+                if steps == 1:
+                    outputs = one_step_on_iterator(iterator)
+                else:
+                    outputs = multi_step_on_iterator(iterator, tf.constant(steps, "int32"))
+                if not outputs.has_value():
+                    raise StopIteration
+                logs = outputs.get_value()
             if training and tuner is not None:
                 tuner.executed(steps, sync=lambda: [np.asarray(v) for v in tf.nest.flatten(logs)[:1]], source=iterator)
             return logs

@@ -31,6 +31,7 @@ __all__ = [
     "build_compiled_state",
     "compiled_loss_trackers",
     "compiled_loss_value",
+    "data_epoch",
     "seed_generator_states",
     "set_steps_per_execution",
     "steer_epoch_iterator",
@@ -103,6 +104,10 @@ def steer_epoch_iterator(epoch_iterator: Any, plan: Callable[[int | None], int],
       iterators the run had made before (a seeded ``tf.data`` shuffle draws a
       new order for each) and skips the batches already trained.
 
+    From Keras 3.16 the data adapter also counts the epochs it ended and
+    seeds its shuffle with the count (:func:`data_epoch`); a resumed run sets
+    its new adapter's count to the interrupted run's.
+
     The rest (data adapter hooks, one iterator per epoch or one kept across
     epochs with ``steps_per_epoch``, the warning when data runs out) is Keras'
     own, as of 3.8-3.15 (the items grew from ``(step, iterator)`` to
@@ -145,7 +150,9 @@ def steer_epoch_iterator(epoch_iterator: Any, plan: Callable[[int | None], int],
         if resume is not None:
             while replays_iterators and position.iterators_made < resume.iterator:
                 new_iterator(it)
-        position.epoch_begins()
+            if resume.data_epoch is not None and data_epoch(adapter) is not None:
+                adapter._epoch = resume.data_epoch  # the count the interrupted run's adapter had reached
+        position.epoch_begins(data_epoch(adapter))
         adapter.on_epoch_begin()
         steps_per_epoch = it.steps_per_epoch or it._num_batches or -1
         if steps_per_epoch > 0:
@@ -199,6 +206,19 @@ def set_steps_per_execution(epoch_iterator: Any, steps: int) -> None:
     the callbacks; the test function runs the same number of steps.
     """
     epoch_iterator.steps_per_execution = steps
+
+
+def data_epoch(adapter: Any) -> int | None:
+    """How many epochs Keras' data adapter has ended, where its shuffle depends on it; else ``None``.
+
+    From Keras 3.16 a ``PyDataset``'s batch order is ``random.Random(count)``
+    (``PyDatasetAdapter._epoch``), no longer Python's global random state, and
+    the array pipeline seeds its shuffle with the count too. A new ``fit`` (a
+    resumed run) starts counting at 0, so :class:`custom_fit.BackupAndRestore`
+    saves the count and the resumed run continues it. Keras < 3.16: ``None``.
+    """
+    count = getattr(adapter, "_epoch", None)
+    return count if isinstance(count, int) else None
 
 
 def without_autotuning(epoch_iterator: Any) -> None:

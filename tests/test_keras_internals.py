@@ -1,0 +1,202 @@
+"""Tripwires: every Keras internal custom_fit copies is the source its copy was reviewed against.
+
+custom_fit/_compat/internals.py lists the copies, internals_hashes.py the
+reviewed hashes per Keras and tf_keras version, docs/keras_internals.md what
+each copy changes and why. When a Keras release changes one of the upstream
+functions, its test here fails and names the copy to re-check.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import custom_fit
+from custom_fit._compat import internals, keras
+from custom_fit._compat.internals_hashes import RECORDED
+
+IN_USE = "tf_keras" if custom_fit.KERAS_2 else "keras"
+ROOT = Path(__file__).parent.parent
+
+
+@pytest.mark.parametrize("copy", internals.COPIES, ids=lambda copy: copy.id)
+def test_upstream_source_is_the_one_the_copy_was_reviewed_against(copy):
+    root = internals.installed_root(copy.package)
+    assert root is not None, f"{copy.package} is not installed; install the test extra: pip install -e .[test]"
+    version = internals.version_of(copy.package, root)
+    verdict = internals.check(copy, version, internals.upstream_hash(copy, root), RECORDED.get(copy.id, {}))
+    assert verdict.ok, verdict.message
+
+
+def test_the_tripwires_read_the_keras_that_runs():
+    root = internals.installed_root(IN_USE)
+    assert root == Path(keras.__file__).resolve().parent.parent
+    running = keras.__version__ if custom_fit.KERAS_2 else keras.version()
+    assert internals.version_of(IN_USE, root) == running
+
+
+def _resolve(name: str) -> Any:
+    """The object a dotted name of ``COPIES`` names (module, then attributes)."""
+    parts = name.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for attribute in parts[split:]:
+            obj = getattr(obj, attribute)
+        return obj
+    raise ImportError(name)
+
+
+def test_every_copy_named_in_the_list_exists():
+    missing = []
+    for copy in internals.copies_of(IN_USE):
+        for name in copy.copies:
+            try:
+                _resolve(name)
+            except (ImportError, AttributeError):
+                missing.append(f"{copy.id}: {name}")
+    assert not missing, f"renamed or removed; update custom_fit/_compat/internals.py: {missing}"
+
+
+def test_every_copy_is_described_in_the_docs():
+    page = (ROOT / "docs" / "keras_internals.md").read_text(encoding="utf-8")
+    described = {copy.id for copy in internals.COPIES if f"`{copy.id}`" in page}
+    assert described == {copy.id for copy in internals.COPIES}
+
+
+def _pinned_versions() -> dict[str, set[str]]:
+    """The keras and tf_keras versions CI installs (constraints.txt and every row in compat/)."""
+    pinned: dict[str, set[str]] = {"keras": set(), "tf_keras": set()}
+    for row in [ROOT / "constraints.txt", *(ROOT / "compat").glob("*.txt")]:
+        lines = row.read_text(encoding="utf-8").splitlines()
+        pins = dict(line.split("==", 1) for line in lines if "==" in line and not line.startswith("#"))
+        if "keras-nightly" in pins:  # it replaces the keras release install_requires pulls first
+            pins["keras"] = pins.pop("keras-nightly")
+        for package, versions in pinned.items():
+            if package in pins:
+                versions.add(pins[package])
+    return pinned
+
+
+def test_every_pinned_version_has_reviewed_hashes():
+    pinned = _pinned_versions()
+    for copy in internals.COPIES:
+        recorded = {version for versions in RECORDED[copy.id].values() for version in versions}
+        assert pinned[copy.package] <= recorded, f"{copy.id}: no hashes for {sorted(pinned[copy.package] - recorded)}"
+
+
+# -- the verdicts -----------------------------------------------------------------------
+
+COPY = internals.Copy("k3-example", ("custom_fit.example",), "keras", ("keras.src.example:Example.method",))
+
+
+def test_a_recorded_version_passes_with_its_own_hash_only():
+    recorded = {"aaaa": ("3.14.1", "3.15.1"), "bbbb": ("3.16.0",)}
+    assert internals.check(COPY, "3.15.1", "aaaa", recorded).ok
+    verdict = internals.check(COPY, "3.15.1", "bbbb", recorded)
+    assert not verdict.ok
+    assert "custom_fit.example [k3-example] was made from keras.src.example:Example.method" in verdict.message
+    assert "the recorded hash for keras 3.15.1 is aaaa" in verdict.message
+    assert "python compat/keras_internals.py --record" in verdict.message
+
+
+def test_a_new_version_passes_only_while_the_functions_are_unchanged():
+    recorded = {"aaaa": ("3.14.1",), "bbbb": ("3.15.1",)}
+    assert internals.check(COPY, "3.16.0.dev2026102704", "bbbb", recorded).ok
+    changed = internals.check(COPY, "3.16.0.dev2026102704", "cccc", recorded)
+    assert not changed.ok and changed.reviewed_as == "3.15.1"
+    assert "keras 3.16.0.dev2026102704 has no recorded hash" in changed.message
+    # Back to an older version's source is a change too: only the nearest older version counts.
+    assert not internals.check(COPY, "3.16.0", "aaaa", recorded).ok
+
+
+def test_a_release_comes_after_its_nightlies():
+    recorded = {"aaaa": ("3.15.1",), "bbbb": ("3.16.0.dev2026102704",)}
+    assert internals.check(COPY, "3.16.0", "bbbb", recorded).ok
+    assert not internals.check(COPY, "3.16.0", "aaaa", recorded).ok
+
+
+def test_a_version_older_than_every_recorded_one_fails():
+    verdict = internals.check(COPY, "3.7.0", "aaaa", {"aaaa": ("3.8.0",)})
+    assert not verdict.ok and "no hash is recorded for keras 3.7.0 or any older version" in verdict.message
+
+
+def test_the_hash_ignores_formatting_comments_and_docstrings_but_not_code():
+    source = 'class A:\n    def f(self, x):\n        """Doc."""\n        return x + 1  # one\n'
+    reformatted = "class A:\n    def f(self, x): return (x +\n        1)\n"
+    changed = "class A:\n    def f(self, x):\n        return x - 1\n"
+    hashes = [internals.source_hash([internals.normalized_source(s, "A.f")]) for s in (source, reformatted, changed)]
+    assert hashes[0] == hashes[1] != hashes[2]
+    assert internals.source_hash([internals.normalized_source(source, "A.g")]) == internals.ABSENT
+
+
+# -- completeness: every override of a Keras method is a listed copy or a public extension point --
+
+#: Keras methods custom_fit classes override as any user's code does (public extension
+#: points whose upstream source does not matter to the override), with the reason.
+EXTENSION_POINTS = {
+    "custom_fit.gan.GAN": "a model written the way users write one (its own __init__, compile, call, steps, config)",
+    "custom_fit.gan.GenerateSamples": "a Callback: on_epoch_end is a public hook",
+    "custom_fit.backup_and_restore.BackupAndRestore": "a Callback: public hooks (__init__: *-backup-and-restore)",
+    "custom_fit.optimizers.NamedOptimizers.__init__": "an optimizer's constructor",
+    "custom_fit.optimizers.NamedOptimizers.apply_gradients": "refuses: a group applies no gradients itself",
+    "custom_fit.optimizers.NamedOptimizers.apply": "refuses: a group applies no gradients itself",
+    "custom_fit.optimizers.NamedOptimizers.get_config": "public serialization of the group",
+    "custom_fit.optimizers.NamedOptimizers.from_config": "public serialization of the group",
+    "custom_fit._compat.keras3._LoggedValuesList.result": "Metric.result, the public metric API",
+    "custom_fit._compat.common.CountingCall.__call__": "Regularizer.__call__, the public regularizer API",
+    "custom_fit._compat.keras2.SeedGenerator.__init__": "a Layer's constructor",
+}
+if custom_fit.KERAS_2:
+    EXTENSION_POINTS["custom_fit.callbacks.LazyCallbackList"] = "unused on Keras 2: tf_keras skips unused hooks itself"
+
+
+def _custom_fit_classes() -> list[type]:
+    skip = {"demo", "fit_loop"} if custom_fit.KERAS_2 else {"demo"}  # fit_loop: Keras 3 only (it loads Keras 3)
+    names = [m.name for m in pkgutil.iter_modules(custom_fit.__path__) if m.name not in skip]
+    modules = [importlib.import_module(f"custom_fit.{name}") for name in names]
+    own = ["keras2"] if custom_fit.KERAS_2 else ["keras3", "keras3_only"]
+    modules += [importlib.import_module(f"custom_fit._compat.{name}") for name in own]
+    classes = {cls for module in modules for cls in vars(module).values() if inspect.isclass(cls)}
+    return [cls for cls in classes if cls.__module__.startswith("custom_fit") and any(map(_is_keras, cls.__mro__))]
+
+
+def _is_keras(cls: type) -> bool:
+    return cls.__module__.split(".")[0] == IN_USE
+
+
+def _overrides() -> set[str]:
+    """``module.Class.method`` for every method a custom_fit class defines over one of its Keras bases."""
+    found = set()
+    for cls in _custom_fit_classes():
+        keras_bases = [base for base in cls.__mro__ if _is_keras(base)]
+        for owner in cls.__mro__:
+            if not owner.__module__.startswith("custom_fit"):
+                continue
+            for name in vars(owner):
+                if name.startswith("__") and name not in ("__init__", "__new__", "__call__"):
+                    continue
+                if any(name in vars(base) for base in keras_bases):
+                    found.add(f"{owner.__module__}.{owner.__qualname__}.{name}")
+    return found
+
+
+def test_every_override_of_a_keras_method_is_a_listed_copy_or_a_public_extension_point():
+    listed = {name for copy in internals.copies_of(IN_USE) for name in copy.copies}
+    unlisted = sorted(
+        name
+        for name in _overrides()
+        if not any(name == entry or name.startswith(entry + ".") for entry in [*listed, *EXTENSION_POINTS])
+    )
+    assert not unlisted, (
+        f"custom_fit overrides these {IN_USE} methods without a tripwire: {unlisted}. Fix: add each to "
+        "custom_fit/_compat/internals.py (and docs/keras_internals.md), or to EXTENSION_POINTS here "
+        "with the reason its upstream source does not matter."
+    )
