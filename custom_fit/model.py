@@ -19,8 +19,9 @@ Override points, in the order ``train_step`` calls them:
 Everything else lives with the object that owns its state:
 :mod:`custom_fit.optimizers` (named optimizers), :mod:`custom_fit.diagnostics`
 (misuse warnings), :mod:`custom_fit.logged_values` (epoch means of a step's
-values), :mod:`custom_fit.compiled` and :mod:`custom_fit.saving` (Keras-3-only
-additions), and :mod:`custom_fit._compat` (Keras' private names).
+values), :mod:`custom_fit.compiled` (Keras-2-style ``compiled_loss``),
+:mod:`custom_fit.configs` and :mod:`custom_fit.extra_state` (saving), and
+:mod:`custom_fit._compat` (Keras' private names).
 """
 
 from __future__ import annotations
@@ -32,15 +33,12 @@ import tensorflow as tf
 
 from custom_fit import _compat, diagnostics, optimizers, step_fusion
 from custom_fit._compat import keras
+from custom_fit.configs import ConfigFromConstructor, RecompilesOnLoad
 from custom_fit.diagnostics import GradsAndVars, StepDiagnostics
+from custom_fit.extra_state import SavesUntrackedVariables
 from custom_fit.functional import functional_twin
 from custom_fit.logged_values import LoggedValuesMixin
-from custom_fit.saving import (
-    ConfigFromConstructor,
-    RecompilesOnLoad,
-    SavesOptimizerAssignment,
-    SavesUntrackedVariables,
-)
+from custom_fit.optimizers import SavesOptimizerAssignment
 from custom_fit.step_functions import StepFunctions
 
 __all__ = ["CustomModel", "CustomSequential"]
@@ -51,8 +49,8 @@ if _compat.KERAS_2:
     _KERAS_3_ONLY: tuple[type, ...] = ()
 else:
     from custom_fit.compiled import CompiledAttributes
+    from custom_fit.extra_state import SavesSeedGeneratorStates
     from custom_fit.fit_loop import FitLoopHooks
-    from custom_fit.saving import SavesSeedGeneratorStates
 
     _KERAS_3_ONLY = (FitLoopHooks, CompiledAttributes, SavesSeedGeneratorStates)
 

@@ -31,7 +31,18 @@ import tensorflow as tf
 from custom_fit import _compat
 from custom_fit._compat import keras
 
-__all__ = ["DEFAULT_OPTIMIZER", "UNSET", "NamedOptimizers", "for_compile", "group_attribute_optimizers", "resolve"]
+__all__ = [
+    "DEFAULT_OPTIMIZER",
+    "UNSET",
+    "NamedOptimizers",
+    "SavesOptimizerAssignment",
+    "for_compile",
+    "group_attribute_optimizers",
+    "resolve",
+]
+
+# The prefix of the entries SavesOptimizerAssignment adds to the model's own weights.
+_OPTIMIZER_VARIABLES_KEY = "optimizer_variables_"
 
 #: The optimizer ``keras.Model.compile`` uses when it is given none.
 DEFAULT_OPTIMIZER = "rmsprop"
@@ -422,3 +433,42 @@ def group_attribute_optimizers(model: Any) -> None:
         group = NamedOptimizers(members)
         _compat.set_untracked(group, "from_attributes", True)
         model.optimizer = group
+
+
+class SavesOptimizerAssignment:
+    """Saves which model variables each named optimizer updates, and builds it from that on load.
+
+    An optimizer's state (slots) can only be read into a built optimizer;
+    after ``load_model`` or in a fresh process before ``load_weights`` the
+    named optimizers are not built yet. Their variables' positions in
+    ``model.trainable_variables`` are saved with the model's own variables and
+    used to build them first.
+    """
+
+    def save_own_variables(self: Any, store: Any) -> None:
+        """Saves the model's own variables and the variable positions of each built named optimizer."""
+        super().save_own_variables(store)  # type: ignore[misc]
+        group: Any = getattr(self, "optimizer", None)
+        if not hasattr(group, "members_built_on"):
+            return
+        variables = self.trainable_variables
+        positions = {id(v): i for i, v in enumerate(variables)}
+        for name, built_on in group.members_built_on(variables).items():
+            store[f"{_OPTIMIZER_VARIABLES_KEY}{name}"] = np.array([positions[id(v)] for v in built_on], "int64")
+
+    def load_own_variables(self: Any, store: Any) -> None:
+        """Loads the model's own variables, then builds the unbuilt named optimizers that were saved built."""
+        names = list(store.keys())  # a Keras weights store (an H5 group), not a dict
+        keys = [k for k in names if k.startswith(_OPTIMIZER_VARIABLES_KEY)]
+        super().load_own_variables({k: store[k] for k in names if k not in keys})  # type: ignore[misc]
+        group: Any = getattr(self, "optimizer", None)
+        if not keys or not hasattr(group, "build_member"):
+            return
+        variables = self.trainable_variables
+        # Under a tf.distribute strategy (BackupAndRestore restores before the first step, outside
+        # the strategy's scope) the slots must be created by the strategy, like the model's variables.
+        with tf.init_scope(), self.distribute_strategy.scope():
+            for key in keys:
+                name = key[len(_OPTIMIZER_VARIABLES_KEY) :]
+                if name in group and not _compat.optimizer_built(group[name]):
+                    group.build_member(name, [variables[int(i)] for i in np.asarray(store[key])])

@@ -102,7 +102,8 @@ _STEPS = "custom_fit.step_functions.StepFunctions"
 _K3 = "custom_fit._compat.keras3"
 _K3_ONLY = "custom_fit._compat.keras3_only"
 _K2 = "custom_fit._compat.keras2"
-_SAVING = "custom_fit.saving"
+_CONFIGS = "custom_fit.configs"
+_EXTRA_STATE = "custom_fit.extra_state"
 _LOGGED = "custom_fit.logged_values.LoggedValuesMixin"
 _BATCH_HOOKS = (
     "on_batch_begin",
@@ -243,36 +244,39 @@ COPIES: tuple[Copy, ...] = (
     _k3("k3-compile", f"{_MODEL}.compile", _trainer("compile")),
     _k3(
         "k3-compile-config",
-        f"{_SAVING}.RecompilesOnLoad",
+        f"{_CONFIGS}.RecompilesOnLoad",
         _trainer("get_compile_config"),
         _trainer("compile_from_config"),
     ),
     # -- Keras 3: models, layers and saving -------------------------------------------------
     _k3(
         "k3-functional-splice",
-        (f"{_MODEL}.__init__", f"{_SAVING}.ConfigFromConstructor.__new__", f"{_K3}.is_functional_call"),
+        (f"{_MODEL}.__init__", f"{_CONFIGS}.ConfigFromConstructor.__new__", f"{_K3}.is_functional_call"),
         f"{_MODELS}:Model.__new__",
         f"{_MODELS}:functional_init_arguments",
     ),
     _k3(
         "k3-model-config",
-        (f"{_SAVING}.ConfigFromConstructor.get_config", f"{_SAVING}.ConfigFromConstructor.from_config"),
+        (f"{_CONFIGS}.ConfigFromConstructor.get_config", f"{_CONFIGS}.ConfigFromConstructor.from_config"),
         "keras.src.ops.operation:Operation.get_config",
         f"{_LAYER}.get_config",
         f"{_MODELS}:Model.from_config",
     ),
     _k3(
         "k3-build-config",
-        (f"{_SAVING}.ConfigFromConstructor.get_build_config", f"{_SAVING}.ConfigFromConstructor.build_from_config"),
+        (
+            f"{_CONFIGS}.ConfigFromConstructor.get_build_config",
+            f"{_CONFIGS}.ConfigFromConstructor.build_from_config",
+        ),
         f"{_LAYER}.get_build_config",
         f"{_MODELS}:Model.build_from_config",
     ),
     _k3(
         "k3-own-variables",
         (
-            f"{_SAVING}.SavesOptimizerAssignment",
-            f"{_SAVING}.SavesSeedGeneratorStates",
-            f"{_SAVING}.SavesUntrackedVariables",
+            "custom_fit.optimizers.SavesOptimizerAssignment",
+            f"{_EXTRA_STATE}.SavesSeedGeneratorStates",
+            f"{_EXTRA_STATE}.SavesUntrackedVariables",
         ),
         f"{_LAYER}.save_own_variables",
         f"{_LAYER}.load_own_variables",
@@ -377,14 +381,14 @@ COPIES: tuple[Copy, ...] = (
     _k2("k2-compile", f"{_MODEL}.compile", f"{_TF_KERAS_MODEL}.compile"),
     _k2(
         "k2-compile-config",
-        f"{_SAVING}.RecompilesOnLoad",
+        f"{_CONFIGS}.RecompilesOnLoad",
         f"{_TF_KERAS_MODEL}.get_compile_config",
         f"{_TF_KERAS_MODEL}.compile_from_config",
     ),
     # -- Keras 2: models, layers and saving -------------------------------------------------
     _k2(
         "k2-functional-splice",
-        (f"{_MODEL}.__init__", f"{_SAVING}.ConfigFromConstructor.__new__", f"{_K2}.is_functional_call"),
+        (f"{_MODEL}.__init__", f"{_CONFIGS}.ConfigFromConstructor.__new__", f"{_K2}.is_functional_call"),
         f"{_TF_KERAS_MODEL}.__new__",
         "tf_keras.src.engine.training:is_functional_model_init_params",
     ),
@@ -392,8 +396,8 @@ COPIES: tuple[Copy, ...] = (
         "k2-model-config",
         (
             f"{_K2}.TrainerHooks.get_config",
-            f"{_SAVING}.ConfigFromConstructor.get_config",
-            f"{_SAVING}.ConfigFromConstructor.from_config",
+            f"{_CONFIGS}.ConfigFromConstructor.get_config",
+            f"{_CONFIGS}.ConfigFromConstructor.from_config",
         ),
         f"{_TF_KERAS_MODEL}.get_config",
         f"{_TF_KERAS_MODEL}.from_config",
@@ -401,13 +405,16 @@ COPIES: tuple[Copy, ...] = (
     ),
     _k2(
         "k2-build-config",
-        (f"{_SAVING}.ConfigFromConstructor.get_build_config", f"{_SAVING}.ConfigFromConstructor.build_from_config"),
+        (
+            f"{_CONFIGS}.ConfigFromConstructor.get_build_config",
+            f"{_CONFIGS}.ConfigFromConstructor.build_from_config",
+        ),
         f"{_TF_KERAS_LAYER}.get_build_config",
         f"{_TF_KERAS_LAYER}.build_from_config",
     ),
     _k2(
         "k2-own-variables",
-        (f"{_SAVING}.SavesOptimizerAssignment", f"{_SAVING}.SavesUntrackedVariables"),
+        ("custom_fit.optimizers.SavesOptimizerAssignment", f"{_EXTRA_STATE}.SavesUntrackedVariables"),
         f"{_TF_KERAS_LAYER}.save_own_variables",
         f"{_TF_KERAS_LAYER}.load_own_variables",
     ),

@@ -3,7 +3,7 @@
 Some features of custom_fit have no Keras 2 counterpart, because Keras 2 does
 them itself or has nothing to do: the Keras-2 meaning of ``compiled_loss`` /
 ``compiled_metrics`` (:mod:`custom_fit.compiled`) and saving random seed
-generator states (:mod:`custom_fit.saving`). Others reach Keras 3's
+generator states (:mod:`custom_fit.extra_state`). Others reach Keras 3's
 ``fit`` loop through its epoch iterator (:mod:`custom_fit.fit_loop`):
 steering it (tuned step fusion, exact resume) and turning tf.data
 autotuning off for its array pipeline, which on Keras 2 happens in

@@ -1,0 +1,251 @@
+"""Constructor and compile arguments as Keras configs: existing multi-model code saves and loads unchanged.
+
+Public Keras examples write multi-model code that ``keras.Model`` cannot save:
+sub-models handed to ``__init__`` with no ``get_config``, and optimizers,
+losses and settings handed to a ``compile`` of the model's own and kept as
+attributes. ``CustomModel`` saves such code as it is:
+
+* :class:`ConfigFromConstructor` records the arguments each model was
+  constructed with and, when the class defines no ``get_config``, serializes
+  them with Keras' own serialization (sub-models, optimizers, losses, plain
+  values); ``from_config`` rebuilds them and calls the constructor again.
+* :class:`RecompilesOnLoad` records the arguments of a ``compile`` with a
+  signature of its own, saves them as the compile config, and re-runs that
+  ``compile`` when the model is loaded; ``CustomModel.compile`` re-runs from
+  Keras' own config.
+
+The state Keras leaves out of the weights file is :mod:`custom_fit.extra_state`'s.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from custom_fit import _compat
+from custom_fit._compat import keras
+
+__all__ = ["ConfigFromConstructor", "RecompilesOnLoad"]
+
+# Wraps a Keras object inside a config of captured arguments.
+_KERAS_OBJECT = "__custom_fit_keras_object__"
+# The build config of a model built without being called: its sub-layers' build configs.
+_SUB_LAYERS = "custom_fit_sub_layers"
+# The compile config of a compile() with a signature of its own.
+_COMPILE_ARGUMENTS = "custom_fit_compile_arguments"
+
+
+# --------------------------------------------------------------------------
+# Arguments as configs
+# --------------------------------------------------------------------------
+
+
+def captured_arguments(
+    function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> dict[str, Any] | None:
+    """``function``'s arguments by name (``**kwargs`` merged), or ``None`` if they cannot be named.
+
+    ``function`` is an unbound method; its first parameter (``self``) is
+    left out. Positional ``*args`` cannot be passed back by name.
+    """
+    try:
+        bound = inspect.signature(function).bind(None, *args, **kwargs)
+    except TypeError:
+        return None
+    parameters = list(inspect.signature(function).parameters.values())
+    arguments: dict[str, Any] = {}
+    for parameter in parameters[1:]:
+        if parameter.name not in bound.arguments:
+            continue
+        value = bound.arguments[parameter.name]
+        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+            if value:
+                return None
+        elif parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            arguments.update(value)
+        else:
+            arguments[parameter.name] = value
+    return arguments
+
+
+def _is_plain(value: Any) -> bool:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_is_plain(v) for v in value)
+    if isinstance(value, Mapping):
+        return all(isinstance(k, str) and _is_plain(v) for k, v in value.items())
+    return False
+
+
+def serialize_argument(value: Any, owner: str) -> Any:
+    """A JSON-able form of one captured argument; Keras objects through Keras' serialization.
+
+    Raises:
+        NotImplementedError: ``value`` is neither plain nor serializable by Keras
+            (``owner`` names the argument in the message).
+    """
+    if _is_plain(value):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [serialize_argument(v, owner) for v in value]
+    if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
+        return {k: serialize_argument(v, owner) for k, v in value.items()}
+    try:
+        return {_KERAS_OBJECT: keras.saving.serialize_keras_object(value)}
+    except Exception as error:
+        raise NotImplementedError(
+            f"custom_fit cannot save {owner}: expected Keras objects (layers, models, optimizers, "
+            f"losses, registered functions) or plain values, received {type(value).__name__} "
+            f"({error}). Fix: define get_config() (and from_config() if needed) on the class."
+        ) from error
+
+
+def deserialize_argument(value: Any, custom_objects: Any = None) -> Any:
+    """Inverse of :func:`serialize_argument`."""
+    if isinstance(value, list):
+        return [deserialize_argument(v, custom_objects) for v in value]
+    if isinstance(value, dict):
+        if set(value) == {_KERAS_OBJECT}:
+            return keras.saving.deserialize_keras_object(value[_KERAS_OBJECT], custom_objects=custom_objects)
+        return {k: deserialize_argument(v, custom_objects) for k, v in value.items()}
+    return value
+
+
+def _accepts(function: Callable[..., Any], name: str) -> bool:
+    parameters = inspect.signature(function).parameters.values()
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
+# --------------------------------------------------------------------------
+# Constructor and compile arguments
+# --------------------------------------------------------------------------
+
+
+class ConfigFromConstructor:
+    """Gives a ``CustomModel`` subclass without ``get_config`` one made from its constructor arguments.
+
+    Keras serializes a subclassed model's constructor arguments only when all
+    are plain values; sub-models (the usual GAN, VAE and distiller code) make
+    ``model.save`` raise ``NotImplementedError``. Here every argument a Keras
+    object is serialized with ``keras.saving.serialize_keras_object`` and
+    rebuilt by ``from_config``; a class' own ``get_config`` still wins.
+    Functional and Sequential models keep Keras' own configs.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        instance = super().__new__(cls, *args, **kwargs)
+        _compat.set_untracked(instance, "_constructor_arguments", captured_arguments(cls.__init__, args, kwargs))
+        return instance
+
+    def get_config(self: Any) -> dict[str, Any]:
+        arguments = getattr(self, "_constructor_arguments", None)
+        if arguments is None or isinstance(self, (_compat.Functional, keras.Sequential)):
+            return super().get_config()  # type: ignore[misc]
+        base = {"name": self.name, "trainable": self.trainable}
+        config = {k: v for k, v in base.items() if _accepts(type(self).__init__, k)}
+        owner = f"{type(self).__name__}.__init__ argument"
+        config.update({name: serialize_argument(value, f"{owner} {name!r}") for name, value in arguments.items()})
+        return config
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> Any:
+        config = {k: deserialize_argument(v, custom_objects) for k, v in config.items()}
+        return super().from_config(config, custom_objects)  # type: ignore[misc]
+
+    def get_build_config(self: Any) -> dict[str, Any] | None:
+        """Keras' build config; for a model built without being called, each sub-layer's.
+
+        Sub-models made in ``__init__`` without an input shape (the SimCLR
+        example's ``Sequential``s) are built by the first training step. A
+        model whose own ``call`` never ran has no input shape to rebuild from,
+        so ``load_model`` could not create their variables; their own build
+        configs (input shapes) are saved instead.
+        """
+        config: dict[str, Any] | None = super().get_build_config()  # type: ignore[misc]
+        if config is not None or not self.built:
+            return config
+        return {_SUB_LAYERS: {str(i): layer.get_build_config() for i, layer in enumerate(self.layers) if layer.built}}
+
+    def build_from_config(self: Any, config: dict[str, Any]) -> None:
+        """Rebuilds what :meth:`get_build_config` saved (Keras' own configs as Keras does)."""
+        if _SUB_LAYERS not in config:
+            super().build_from_config(config)  # type: ignore[misc]
+            return
+        for i, layer in enumerate(self.layers):
+            layer_config = config[_SUB_LAYERS].get(str(i))
+            if layer_config and not layer.built:
+                layer.build_from_config(layer_config)
+        _compat.mark_built_if_complete(self)
+
+
+def _recording_arguments(compile_method: Callable[..., Any]) -> Callable[..., Any]:
+    """Wraps a subclass' own ``compile`` so that the outermost call records its arguments."""
+
+    @functools.wraps(compile_method)
+    def compile(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(self, "_recording_compile", False):  # super().compile() from a subclass' compile
+            return compile_method(self, *args, **kwargs)
+        _compat.set_untracked(self, "_recording_compile", True)
+        try:
+            result = compile_method(self, *args, **kwargs)
+        finally:
+            _compat.set_untracked(self, "_recording_compile", False)
+        _compat.set_untracked(self, "_compile_arguments", captured_arguments(compile_method, args, kwargs))
+        self._after_compile()
+        return result
+
+    return compile
+
+
+class RecompilesOnLoad:
+    """Lets ``load_model`` re-run ``compile``, including one with a signature of its own.
+
+    A subclass whose ``compile`` takes its own arguments (the keras.io GAN's
+    ``compile(d_optimizer, g_optimizer, loss_fn)``) gets them recorded; they
+    are saved as the compile config and ``load_model`` calls that ``compile``
+    again with them. (Keras warns and leaves such a model uncompiled.)
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "compile" in vars(cls):
+            setattr(cls, "compile", _recording_arguments(vars(cls)["compile"]))  # noqa: B010  (a subclass attribute)
+
+    def _after_compile(self) -> None:
+        """Called after a subclass' own ``compile`` returned (``CustomModel`` groups attribute optimizers)."""
+
+    def get_compile_config(self: Any) -> dict[str, Any]:
+        """Keras' compile config, or the recorded arguments of a ``compile`` with its own signature."""
+        config: dict[str, Any] = super().get_compile_config()  # type: ignore[misc]
+        arguments = getattr(self, "_compile_arguments", None)
+        if arguments is None or _binds(self.compile, keras.saving.deserialize_keras_object(config)):
+            return config
+        owner = f"{type(self).__name__}.compile argument"
+        return {_COMPILE_ARGUMENTS: {k: serialize_argument(v, f"{owner} {k!r}") for k, v in arguments.items()}}
+
+    def compile_from_config(self: Any, config: dict[str, Any]) -> None:
+        """Re-runs ``compile`` from :meth:`get_compile_config` (used by ``load_model``)."""
+        if _COMPILE_ARGUMENTS in config:
+            self.compile(**{k: deserialize_argument(v) for k, v in config[_COMPILE_ARGUMENTS].items()})
+        else:
+            config = keras.saving.deserialize_keras_object(config)
+            if not _binds(self.compile, config):
+                # A compile() of its own saved by Keras (not by CustomModel):
+                # Keras' behaviour, a warning that compile() must be called.
+                super().compile_from_config(config)  # type: ignore[misc]
+                return
+            self.compile(**config)
+        _compat.mark_built_if_complete(self)
+        if self.optimizer is not None and self.built:
+            self.optimizer.build(self.trainable_variables)
+
+
+def _binds(function: Callable[..., Any], config: Any) -> bool:
+    try:
+        inspect.signature(function).bind(**config)
+    except TypeError:
+        return False
+    return True
