@@ -15,7 +15,7 @@ no restart can read. This callback has Keras' signature and meaning, plus:
 A backup holds the weights file Keras writes (model, optimizer, and with
 ``CustomModel`` the random seed generator states), the metric variables,
 Python's and NumPy's global random states, and where ``fit`` is in its data:
-:class:`EpochPosition` (Keras 3) records which data iterator each batch comes
+:class:`~custom_fit.fit_loop.EpochPosition` (Keras 3) records which data iterator each batch comes
 from; a resumed run makes and drops the iterators the interrupted run had
 made, then skips the batches it had trained on.
 """
@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import random
 from pathlib import Path
 from typing import Any
 
@@ -34,69 +33,17 @@ import numpy as np
 from custom_fit import _compat
 from custom_fit._compat import keras
 from custom_fit.backup_store import BackupStore
+from custom_fit.fit_loop import EpochPosition, fit_position
+from custom_fit.random_state import RandomState, random_state_arrays, random_states
 
 if not _compat.KERAS_2:  # a Keras 2 process never loads Keras 3
     from custom_fit._compat import keras3_only
 
-__all__ = ["BackupAndRestore", "EpochPosition", "RandomState"]
+__all__ = ["Backup", "BackupAndRestore"]
 
 _FORMAT = 1
 _META = "meta.json"
 _STATE = "state.npz"
-
-
-@dataclasses.dataclass(frozen=True)
-class RandomState:
-    """Python's ``random`` and NumPy's global random state at one moment.
-
-    Example:
-        >>> import random
-        >>> state = RandomState.capture()
-        >>> first = random.random()
-        >>> state.restore()
-        >>> random.random() == first
-        True
-    """
-
-    python: tuple[Any, ...]
-    numpy: tuple[Any, ...]
-
-    @classmethod
-    def capture(cls) -> RandomState:
-        """The state now."""
-        return cls(random.getstate(), np.random.get_state(legacy=True))  # type: ignore[arg-type]
-
-    def restore(self) -> None:
-        """Makes this the state of both generators."""
-        random.setstate(self.python)
-        np.random.set_state(self.numpy)
-
-
-def _random_arrays(prefix: str, states: list[RandomState]) -> dict[str, np.ndarray]:
-    """``states`` as arrays for an ``.npz`` file (no pickling)."""
-    return {
-        f"{prefix}python_key": np.array([s.python[1] for s in states], np.int64).reshape(len(states), -1),
-        f"{prefix}python_gauss": np.array(
-            [(s.python[2] is not None, s.python[2] or 0.0) for s in states], np.float64
-        ).reshape(len(states), 2),
-        f"{prefix}numpy_key": np.array([s.numpy[1] for s in states], np.uint32).reshape(len(states), -1),
-        f"{prefix}numpy_rest": np.array([s.numpy[2:] for s in states], np.float64).reshape(len(states), 3),
-    }
-
-
-def _random_states(prefix: str, arrays: Any) -> list[RandomState]:
-    """Inverse of :func:`_random_arrays`."""
-    states = []
-    for key, gauss, numpy_key, (pos, has_gauss, cached) in zip(
-        arrays[f"{prefix}python_key"],
-        arrays[f"{prefix}python_gauss"],
-        arrays[f"{prefix}numpy_key"],
-        arrays[f"{prefix}numpy_rest"],
-        strict=True,
-    ):
-        python = (3, tuple(int(k) for k in key), float(gauss[1]) if gauss[0] else None)
-        states.append(RandomState(python, ("MT19937", numpy_key, int(pos), int(has_gauss), float(cached))))
-    return states
 
 
 @dataclasses.dataclass
@@ -141,10 +88,10 @@ class Backup:
             "data_epoch": self.data_epoch,
         }
         (directory / _META).write_text(json.dumps(meta))
-        arrays: dict[str, Any] = _random_arrays("epoch_", [self.random_state])
+        arrays: dict[str, Any] = random_state_arrays("epoch_", [self.random_state])
         if self.hook_states:
-            arrays.update(_random_arrays("hook_begin_", [begin for begin, _ in self.hook_states]))
-            arrays.update(_random_arrays("hook_end_", [end for _, end in self.hook_states]))
+            arrays.update(random_state_arrays("hook_begin_", [begin for begin, _ in self.hook_states]))
+            arrays.update(random_state_arrays("hook_end_", [end for _, end in self.hook_states]))
         for i, values in enumerate(self.metric_values):
             arrays.update({f"metric_{i}_{j}": value for j, value in enumerate(values)})
         with open(directory / _STATE, "wb") as file:
@@ -166,9 +113,9 @@ class Backup:
                     step=meta["step"],
                     iterator=meta["iterator"],
                     skip=meta["skip"],
-                    random_state=_random_states("epoch_", arrays)[0],
+                    random_state=random_states("epoch_", arrays)[0],
                     hook_states=list(
-                        zip(_random_states("hook_begin_", arrays), _random_states("hook_end_", arrays), strict=True)
+                        zip(random_states("hook_begin_", arrays), random_states("hook_end_", arrays), strict=True)
                     )
                     if hooks
                     else [],
@@ -180,80 +127,6 @@ class Backup:
                 )
         except (OSError, KeyError, TypeError, json.JSONDecodeError, EOFError) as error:
             raise ValueError(f"The backup in {directory} cannot be read ({type(error).__name__}: {error}).") from error
-
-
-class EpochPosition:
-    """Where ``fit`` reads its data: which iterator, and how many of its batches came before step 0.
-
-    ``CustomModel.fit`` (Keras 3) makes one per call; its epoch iterator
-    (:func:`custom_fit._compat.keras3_only.steer_epoch_iterator`) reports to
-    it and, in a resumed run, asks it where to start (:attr:`resume`).
-    Iterators are counted because each new iterator of a ``tf.data`` pipeline
-    with a seeded ``shuffle`` draws a new order: the n-th iterator of a
-    resumed run reads what the n-th of the interrupted run read.
-    """
-
-    def __init__(self) -> None:
-        self.iterators_made = 0
-        #: The index of the iterator the current epoch reads from.
-        self.iterator = 0
-        #: Set by :class:`BackupAndRestore` before the first epoch of a resumed run.
-        self.resume: Backup | None = None
-        #: The random state before each epoch's ``on_epoch_begin`` and ``on_epoch_end``
-        #: of the data, kept when :attr:`records_hooks` (set by the epoch iterator).
-        self.hook_states: list[tuple[RandomState, RandomState]] = []
-        self.records_hooks = False
-        self.adapter: Any = None  # Keras' data adapter (set by the epoch iterator)
-        #: The data adapter's count of ended epochs when the current epoch began (Keras >= 3.16).
-        self.data_epoch: int | None = None
-        self.element_spec: Any = None  # the structure, shapes and dtypes of a batch
-        self._batches_before_step_0 = 0
-        self._next_epoch: tuple[int, int] | None = None
-        self._hook_begin: RandomState | None = None
-
-    # Called by the epoch iterator --------------------------------------------------
-
-    def take_resume(self) -> Backup | None:
-        """The backup to resume from, once (the first epoch of a resumed run)."""
-        resume, self.resume = self.resume, None
-        return resume
-
-    def iterator_made(self) -> None:
-        """A new data iterator was made (and is the current one)."""
-        self.iterator = self.iterators_made
-        self.iterators_made += 1
-
-    def epoch_begins(self, data_epoch: int | None = None) -> None:
-        """The data's ``on_epoch_begin`` is about to run (its adapter has ended ``data_epoch`` epochs)."""
-        self.data_epoch = data_epoch
-        self._next_epoch = None
-        if self.records_hooks:
-            self._hook_begin = RandomState.capture()
-
-    def reading(self, batches_before_step_0: int) -> None:
-        """The epoch's steps read the current iterator after ``batches_before_step_0`` batches."""
-        self._batches_before_step_0 = batches_before_step_0
-
-    def epoch_ends(self, next_skip: int | None) -> None:
-        """The data's ``on_epoch_end`` is about to run.
-
-        Args:
-            next_skip: ``None`` if the next epoch makes a new iterator, else
-                the batches of the current one read when it begins.
-        """
-        self._next_epoch = (self.iterators_made, 0) if next_skip is None else (self.iterator, next_skip)
-        if self.records_hooks and self._hook_begin is not None:
-            self.hook_states.append((self._hook_begin, RandomState.capture()))
-
-    # Asked by BackupAndRestore -----------------------------------------------------
-
-    def at_step(self, step: int) -> tuple[int, int]:
-        """``(iterator, batches read before)`` for ``step`` of the current epoch."""
-        return self.iterator, self._batches_before_step_0 + step
-
-    def at_next_epoch(self) -> tuple[int, int]:
-        """``(iterator, batches read before)`` for step 0 of the next epoch."""
-        return self._next_epoch if self._next_epoch is not None else (self.iterators_made, 0)
 
 
 class BackupAndRestore(keras.callbacks.Callback):
@@ -368,7 +241,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             BackupDirectoryInUseError: Another process uses ``backup_dir``.
             OSError: Backups exist, but none can be read.
         """
-        self._position = getattr(self.model, "_epoch_position", None)
+        self._position = fit_position(self.model)
         if self.save_freq != "epoch" and self._position is None:
             raise TypeError(
                 f"BackupAndRestore(save_freq={self.save_freq}) resumes mid-epoch through custom_fit's fit "

@@ -97,6 +97,7 @@ class CustomModel(
             # this class (and of CustomModel) for good, even if it then raises.
             # Move only this instance to a twin class that derives from both.
             object.__setattr__(self, "__class__", functional_twin(type(self)))
+        _compat.set_untracked(self, "_steps_tuner", None)  # compile(steps_per_execution="auto") sets one
         super().__init__(*args, **kwargs)
         _compat.set_untracked(self, "_diagnostics", StepDiagnostics(self))
 

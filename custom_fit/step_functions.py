@@ -35,7 +35,7 @@ class StepFunctions:
         _compat.mark_built_if_complete(self)
         if self.train_function is None or force:
             step = flat_logs(self._checked_train_step)
-            tuner = getattr(self, "_steps_tuner", None)  # compile(steps_per_execution="auto")
+            tuner = self._steps_tuner  # compile(steps_per_execution="auto")
             function = _compat.make_step_function(self, step, training=True, tuner=tuner)
             self.train_function = distribution.explain_merge_call_errors(self, function)
         return self.train_function
@@ -43,7 +43,7 @@ class StepFunctions:
     def make_test_function(self: Any, force: bool = False) -> Callable[..., Any]:
         """Builds ``self.test_function`` around ``test_step`` (logs flattened)."""
         if self.test_function is None or force:
-            tuner = getattr(self, "_steps_tuner", None)  # the number of steps may change between executions
+            tuner = self._steps_tuner  # the number of steps may change between executions
             step = flat_logs(self._test_step_in_replica)
             self.test_function = _compat.make_step_function(self, step, training=False, tuner=tuner)
         return self.test_function

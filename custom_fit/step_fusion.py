@@ -113,7 +113,6 @@ class StepsPerExecutionTuner:
         self.reprobe_seconds = reprobe_seconds
         self._clock = clock
         self.steps = 1  # the number a full execution fuses now
-        self.planned_steps = 1  # the number the next execution fuses (set by plan())
         self._rates: dict[int, float] = {}  # the best measured steps/s per number of fused steps
         self._settled_at: float | None = None
         self._last_end: float | None = None
@@ -127,8 +126,7 @@ class StepsPerExecutionTuner:
         Inputs of unknown length run one step per execution, so that no
         execution runs into the end of the data.
         """
-        self.planned_steps = 1 if remaining is None else max(1, min(self.steps, remaining))
-        return self.planned_steps
+        return 1 if remaining is None else max(1, min(self.steps, remaining))
 
     def executed(self, steps: int, sync: Callable[[], Any], source: object = None) -> None:
         """Records an execution of ``steps`` steps.

@@ -146,6 +146,7 @@ EXTENSION_POINTS = {
     "custom_fit.gan.GenerateSamples": "a Callback: on_epoch_end is a public hook",
     "custom_fit.backup_and_restore.BackupAndRestore": "a Callback: public hooks (__init__: *-backup-and-restore)",
     "custom_fit.optimizers.NamedOptimizers.__init__": "an optimizer's constructor",
+    "custom_fit.fit_loop.FitLoopHooks.__init__": "sets its own state, then runs Keras' constructor as it is",
     "custom_fit.optimizers.NamedOptimizers.apply_gradients": "refuses: a group applies no gradients itself",
     "custom_fit.optimizers.NamedOptimizers.apply": "refuses: a group applies no gradients itself",
     "custom_fit.optimizers.NamedOptimizers.get_config": "public serialization of the group",

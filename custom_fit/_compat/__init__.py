@@ -35,6 +35,7 @@ from custom_fit._compat.common import (
     record_compile_option,
     recording,
     replica_context_with_peers,
+    report_execution,
     set_untracked,
     shared_while_inside,
     skippable_aggregation,

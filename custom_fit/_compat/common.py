@@ -13,6 +13,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple, TypeVar
 
+import numpy as np
 import tensorflow as tf
 
 T = TypeVar("T")
@@ -29,6 +30,7 @@ __all__ = [
     "record_compile_option",
     "recording",
     "replica_context_with_peers",
+    "report_execution",
     "set_untracked",
     "shared_while_inside",
     "skippable_aggregation",
@@ -190,6 +192,15 @@ class CountingCall:
 _XLA_UNSUPPORTED = re.compile(
     r"Detected unsupported operations when trying to compile graph \S+ on (\S+): (.*?) \(No registered"
 )
+
+
+def report_execution(tuner: Any, steps: int, logs: Any, source: Any) -> None:
+    """Tells a ``StepsPerExecutionTuner`` that an execution of ``steps`` steps read ``source`` and returned ``logs``.
+
+    The tuner waits for the logs (a host read of their first value) only when
+    it ends a measurement window.
+    """
+    tuner.executed(steps, sync=lambda: [np.asarray(v) for v in tf.nest.flatten(logs)[:1]], source=source)
 
 
 def explain_xla_errors(model: Any, function: Callable[..., Any]) -> Callable[..., Any]:

@@ -26,7 +26,6 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 from tf_keras.src.engine import data_adapter as _data_adapter
@@ -44,6 +43,7 @@ from custom_fit._compat.common import (
     explain_xla_errors,
     find_untracked_variables,
     loss_scaling_twins,
+    report_execution,
     shared_while_inside,
     skippable_aggregation,
     variable_names_without_model,
@@ -300,7 +300,7 @@ def _tuned(model: Any, function: Callable[[Any], Any], tuner: Any) -> Callable[[
     def tuned_function(iterator: Any) -> Any:
         steps = int(model._steps_per_execution.numpy())
         logs = function(iterator)
-        tuner.executed(steps, sync=lambda: [np.asarray(v) for v in tf.nest.flatten(logs)[:1]], source=iterator)
+        report_execution(tuner, steps, logs, iterator)
         model._steps_per_execution.assign(tuner.steps)
         return logs
 

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from typing import Any
 
 import keras
-import numpy as np
 import tensorflow as tf
 from keras.src.backend.tensorflow import trainer as _tf_trainer
 from keras.src.losses import loss as _loss_module
@@ -27,13 +26,14 @@ from keras.src.saving import object_registration as _registration
 from keras.src.trainers import compile_utils as _compile_utils
 from keras.src.utils import python_utils as _python_utils
 
-from custom_fit._compat import common
+from custom_fit._compat import common, keras3_only
 from custom_fit._compat.common import (
     CountingCall,
     UntrackedVariable,
     explain_xla_errors,
     find_untracked_variables,
     loss_scaling_twins,
+    report_execution,
     shared_while_inside,
     skippable_aggregation,
     variable_names_without_model,
@@ -233,13 +233,12 @@ def make_step_function(
     so results equal Keras' loop bit for bit where Keras' loop works.
     (``model.unrolled_steps_per_execution`` is not used: one step per
     iteration.) The number of steps is an argument of the traced loop, read
-    at each call: in training with the model's ``tuner``
-    (``steps_per_execution="auto"``) ``tuner.planned_steps``, and each
-    execution is reported to it; else ``model.steps_per_execution``, which
-    then reads the tuner's current choice. :func:`custom_fit._compat.keras3_only.steer_epoch_iterator`
-    tells ``fit``'s epoch iterator how many steps each execution ran, and
-    :func:`custom_fit._compat.keras3_only.set_steps_per_execution` an
-    evaluation's epoch iterator.
+    at each call: ``fit``'s epoch iterator
+    (:func:`custom_fit._compat.keras3_only.steer_epoch_iterator`) hands each
+    execution with the number it planned (a
+    :class:`~custom_fit._compat.keras3_only.Execution`), which a training
+    function reports to the model's ``tuner`` (``steps_per_execution="auto"``)
+    after running it; an evaluation runs ``model.steps_per_execution``.
     """
     strategy = model.distribute_strategy
 
@@ -283,8 +282,10 @@ def make_step_function(
         multi_step_on_iterator = tf.function(multi_step_on_iterator, reduce_retracing=True)
 
     def function(iterator: Any) -> Any:
+        steps = model.steps_per_execution
+        if isinstance(iterator, keras3_only.Execution):  # fit's steered epoch iterator: its planned steps
+            iterator, steps = iterator.iterator, iterator.steps
         if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
-            steps = tuner.planned_steps if training and tuner is not None else model.steps_per_execution
             if steps == 1 and _STEPS_ON_A_FETCHED_BATCH:
                 batch = iterator.get_next_as_optional()
                 if not batch.has_value():
@@ -299,7 +300,7 @@ def make_step_function(
                     raise StopIteration
                 logs = outputs.get_value()
             if training and tuner is not None:
-                tuner.executed(steps, sync=lambda: [np.asarray(v) for v in tf.nest.flatten(logs)[:1]], source=iterator)
+                report_execution(tuner, steps, logs, iterator)
             return logs
         # `train_on_batch` & co. pass a Python generator of batches.
         for _, data in zip(range(model.steps_per_execution), iterator, strict=False):
@@ -512,12 +513,18 @@ class TrainerHooks:
                 f"`model.compile(...)` before `model.{method}`."
             )
 
+    def _epoch_iterator_made(self: Any, epoch_iterator: Any) -> None:
+        """Called with each epoch iterator ``fit`` and ``evaluate`` make, before any callback runs.
+
+        Does nothing here; :class:`custom_fit.fit_loop.FitLoopHooks` overrides it.
+        """
+
     def _maybe_symbolic_build(self: Any, iterator: Any = None, data_batch: Any = None) -> None:
         # Called by fit/evaluate/*_on_batch before anything is built; a model
         # that is never called itself must not be built symbolically below.
         mark_built_if_complete(self)
-        if iterator is not None and hasattr(self, "_epoch_iterator_made"):
-            self._epoch_iterator_made(iterator)  # custom_fit.fit_loop.FitLoopHooks
+        if iterator is not None:
+            self._epoch_iterator_made(iterator)
         # Keras builds the model, metrics and optimizer from a first batch when
         # a strategy is set, reducing that batch with `strategy.reduce("MEAN",
         # batch)`. Under MultiWorkerMirroredStrategy that call fails on a

@@ -27,6 +27,7 @@ from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
 from custom_fit._compat import common
 
 __all__ = [
+    "Execution",
     "aggregate_additional_loss",
     "build_compiled_state",
     "compiled_loss_trackers",
@@ -88,6 +89,30 @@ def seed_generator_states(model: keras.Model) -> list[Any]:
 _VERSION = tuple(int(part) for part in keras.version().split(".")[:2])
 
 
+class Execution:
+    """A data iterator and the number of steps the next execution runs on it.
+
+    :func:`steer_epoch_iterator` hands ``fit`` one per execution, where Keras'
+    epoch iterator hands the data iterator itself; Keras passes it to the
+    train function, which runs ``steps`` steps on ``iterator`` (and reports
+    them to the tuner that planned them). Anything else that reads it (Keras'
+    symbolic build takes one batch with ``next``) reads ``iterator``.
+    """
+
+    def __init__(self, iterator: Any, steps: int):
+        self.iterator = iterator
+        self.steps = steps
+
+    def __iter__(self) -> Execution:
+        return self
+
+    def __next__(self) -> Any:
+        return next(self.iterator)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.iterator, name)  # get_next, get_next_as_optional, element_spec, ...
+
+
 def steer_epoch_iterator(epoch_iterator: Any, plan: Callable[[int | None], int], position: Any) -> None:
     """Makes ``fit``'s epoch iterator fuse ``plan(remaining)`` steps per execution and start where asked.
 
@@ -97,8 +122,10 @@ def steer_epoch_iterator(epoch_iterator: Any, plan: Callable[[int | None], int],
     the callbacks. This generator is the same loop with two additions:
 
     * the stride is ``plan(remaining steps)`` (``None``: unknown length),
-      asked before each execution (``steps_per_execution="auto"``);
-    * ``position`` (a :class:`custom_fit.backup_and_restore.EpochPosition`)
+      asked before each execution (``steps_per_execution="auto"``), and the
+      number travels with the data iterator to the train function as an
+      :class:`Execution`;
+    * ``position`` (a :class:`custom_fit.fit_loop.EpochPosition`)
       learns which data iterator each batch comes from, and may start the
       first epoch where an interrupted run stopped: it makes and drops the
       iterators the run had made before (a seeded ``tf.data`` shuffle draws a
@@ -138,7 +165,8 @@ def steer_epoch_iterator(epoch_iterator: Any, plan: Callable[[int | None], int],
     drops_unread_iterators = isinstance(adapter, _ArrayDataAdapter)
 
     def item(first: int, steps: int, iterator: Any) -> tuple[Any, ...]:
-        return (first, first + steps - 1, iterator) if _VERSION >= (3, 11) else (first, iterator)
+        execution = Execution(iterator, steps)
+        return (first, first + steps - 1, execution) if _VERSION >= (3, 11) else (first, execution)
 
     def new_iterator(it: Any) -> Any:
         position.iterator_made()
