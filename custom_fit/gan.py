@@ -4,13 +4,17 @@ Built on :class:`custom_fit.CustomModel`: two named optimizers
 (``"generator"``, ``"discriminator"``), losses reported as epoch means
 (``d_loss``, ``g_loss``, and ``gradient_penalty`` for WGAN-GP), a seeded noise
 generator whose state is saved with the model, and :meth:`GAN.generate` for
-samples. Override one piece to change it: :meth:`GAN.discriminator_loss`,
-:meth:`GAN.generator_loss`, :meth:`GAN.gradient_penalty`,
-:meth:`GAN.train_discriminator` or :meth:`GAN.train_generator`.
+samples. The adversarial loss is a :class:`GANLoss` chosen once by name
+(:data:`LOSSES`). Override one piece to change it:
+:meth:`GAN.discriminator_loss`, :meth:`GAN.generator_loss`,
+:meth:`GAN.gradient_penalty`, :meth:`GAN.train_discriminator` or
+:meth:`GAN.train_generator`. Helpers to watch samples while a GAN trains are
+in :mod:`custom_fit.gan_samples`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,9 +27,70 @@ from custom_fit.losses import batch_mean, regularization_loss
 from custom_fit.model import CustomModel
 from custom_fit.optimizers import NamedOptimizers
 
-__all__ = ["GAN", "LOSSES", "GenerateSamples", "image_grid"]
+__all__ = ["GAN", "LOSSES", "GANLoss"]
 
-LOSSES = ("bce", "hinge", "wgan-gp")
+
+@dataclasses.dataclass(frozen=True)
+class GANLoss:
+    """An adversarial loss: how the discriminator (critic) and the generator are scored.
+
+    Attributes:
+        name: The name ``GAN(loss=...)`` takes.
+        discriminator_steps: Discriminator updates per generator update by default.
+        gradient_penalty: Whether the discriminator's loss adds a gradient
+            penalty (WGAN-GP), logged as ``gradient_penalty``.
+        optimizer: The default ``Adam`` settings of both optimizers.
+
+    Example:
+        >>> import numpy as np
+        >>> float(LOSSES["hinge"].discriminator_loss(np.ones(4, "float32"), -np.ones(4, "float32")))
+        0.0
+    """
+
+    name: str
+    discriminator_steps: int = 1
+    gradient_penalty: bool = False
+    optimizer: dict[str, float] = dataclasses.field(default_factory=lambda: {"learning_rate": 2e-4, "beta_1": 0.5})
+
+    def discriminator_loss(self, real_logits: Any, fake_logits: Any) -> tf.Tensor:
+        """The discriminator's (critic's) loss from its logits on real and generated samples."""
+        raise NotImplementedError
+
+    def generator_loss(self, fake_logits: Any) -> tf.Tensor:
+        """The generator's loss from the discriminator's logits on generated samples (Wasserstein and hinge)."""
+        return -batch_mean(fake_logits)
+
+
+class _NonSaturating(GANLoss):
+    def discriminator_loss(self, real_logits: Any, fake_logits: Any) -> tf.Tensor:
+        return batch_mean(tf.nn.softplus(-real_logits)) + batch_mean(tf.nn.softplus(fake_logits))
+
+    def generator_loss(self, fake_logits: Any) -> tf.Tensor:
+        return batch_mean(tf.nn.softplus(-fake_logits))  # -log(sigmoid(fake))
+
+
+class _Hinge(GANLoss):
+    def discriminator_loss(self, real_logits: Any, fake_logits: Any) -> tf.Tensor:
+        return batch_mean(tf.nn.relu(1.0 - real_logits)) + batch_mean(tf.nn.relu(1.0 + fake_logits))
+
+
+class _Wasserstein(GANLoss):
+    def discriminator_loss(self, real_logits: Any, fake_logits: Any) -> tf.Tensor:
+        return batch_mean(fake_logits) - batch_mean(real_logits)
+
+
+#: The adversarial losses ``GAN(loss=...)`` takes, by name: non-saturating binary cross-entropy,
+#: hinge, and Wasserstein with gradient penalty (5 critic steps, Adam(1e-4, 0.0, 0.9)).
+LOSSES: dict[str, GANLoss] = {
+    "bce": _NonSaturating("bce"),
+    "hinge": _Hinge("hinge"),
+    "wgan-gp": _Wasserstein(
+        "wgan-gp",
+        discriminator_steps=5,
+        gradient_penalty=True,
+        optimizer={"learning_rate": 1e-4, "beta_1": 0.0, "beta_2": 0.9},
+    ),
+}
 _ROLES = ("generator", "discriminator")
 # compile() arguments a GAN has no use for: it computes and logs its own losses.
 _UNUSED_COMPILE_ARGUMENTS = ("loss", "loss_weights", "metrics", "weighted_metrics")
@@ -89,7 +154,9 @@ class GAN(CustomModel):
     ):
         super().__init__(**kwargs)
         if loss not in LOSSES:
-            raise ValueError(f"GAN loss must be one of {LOSSES}, received loss={loss!r}. Fix: pick one of those.")
+            raise ValueError(
+                f"GAN loss must be one of {tuple(LOSSES)}, received loss={loss!r}. Fix: pick one of those."
+            )
         for role, model in (("generator", generator), ("discriminator", discriminator)):
             if not isinstance(model, keras.Model) or not model.built:
                 raise ValueError(
@@ -102,7 +169,8 @@ class GAN(CustomModel):
         self.discriminator = discriminator
         self.latent_dim = int(latent_dim)
         self.loss_name = loss
-        self.discriminator_steps = int(discriminator_steps or (5 if loss == "wgan-gp" else 1))
+        self.adversarial_loss = LOSSES[loss]
+        self.discriminator_steps = int(discriminator_steps or self.adversarial_loss.discriminator_steps)
         self.gradient_penalty_weight = float(gradient_penalty_weight)
         self.num_classes = num_classes
         self.seed = seed
@@ -111,7 +179,7 @@ class GAN(CustomModel):
         self.eval_noise_generator = _compat.SeedGenerator(
             None if seed is None else seed + 1, name="eval_noise_generator"
         )
-        if loss == "wgan-gp":
+        if self.adversarial_loss.gradient_penalty:
             self.logged_values = ("d_loss", "g_loss", "gradient_penalty")
         self.built = True
 
@@ -153,33 +221,8 @@ class GAN(CustomModel):
                 "or leave optimizer out for the defaults."
             )
         if optimizer is optimizers.UNSET:
-            settings = (
-                dict(learning_rate=1e-4, beta_1=0.0, beta_2=0.9)
-                if self.loss_name == "wgan-gp"
-                else dict(learning_rate=2e-4, beta_1=0.5)
-            )
-            optimizer = {role: keras.optimizers.Adam(**settings) for role in _ROLES}
+            optimizer = {role: keras.optimizers.Adam(**self.adversarial_loss.optimizer) for role in _ROLES}
         super().compile(optimizer, *args, **kwargs)
-
-    def get_config(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "generator": keras.saving.serialize_keras_object(self.generator),
-            "discriminator": keras.saving.serialize_keras_object(self.discriminator),
-            "latent_dim": self.latent_dim,
-            "loss": self.loss_name,
-            "discriminator_steps": self.discriminator_steps,
-            "gradient_penalty_weight": self.gradient_penalty_weight,
-            "num_classes": self.num_classes,
-            "seed": self.seed,
-        }
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> GAN:
-        config = dict(config)
-        for role in ("generator", "discriminator"):
-            config[role] = keras.saving.deserialize_keras_object(config[role], custom_objects=custom_objects)
-        return cls(**config)
 
     # -- forward -------------------------------------------------------------
 
@@ -218,17 +261,11 @@ class GAN(CustomModel):
 
     def discriminator_loss(self, real_logits: tf.Tensor, fake_logits: tf.Tensor) -> tf.Tensor:
         """The discriminator's (critic's) loss from its logits on real and generated samples."""
-        if self.loss_name == "bce":
-            return batch_mean(tf.nn.softplus(-real_logits)) + batch_mean(tf.nn.softplus(fake_logits))
-        if self.loss_name == "hinge":
-            return batch_mean(tf.nn.relu(1.0 - real_logits)) + batch_mean(tf.nn.relu(1.0 + fake_logits))
-        return batch_mean(fake_logits) - batch_mean(real_logits)
+        return self.adversarial_loss.discriminator_loss(real_logits, fake_logits)
 
     def generator_loss(self, fake_logits: tf.Tensor) -> tf.Tensor:
         """The generator's loss from the discriminator's logits on generated samples."""
-        if self.loss_name == "bce":  # non-saturating: -log(sigmoid(fake))
-            return batch_mean(tf.nn.softplus(-fake_logits))
-        return -batch_mean(fake_logits)
+        return self.adversarial_loss.generator_loss(fake_logits)
 
     def gradient_penalty(self, real: Any, fake: Any, labels: Any, training: bool = True) -> tf.Tensor:
         """WGAN-GP penalty: mean of (||d critic / d x|| - 1)^2 at points between real and fake.
@@ -257,7 +294,7 @@ class GAN(CustomModel):
             fake_logits = self._discriminate(fake, labels, training=True)
             d_loss = self.discriminator_loss(real_logits, fake_logits)
             penalty = tf.zeros(())
-            if self.loss_name == "wgan-gp":
+            if self.adversarial_loss.gradient_penalty:
                 penalty = self.gradient_penalty(real, fake, labels)
                 d_loss = d_loss + self.gradient_penalty_weight * penalty
             d_loss = d_loss + regularization_loss(self.discriminator)
@@ -290,7 +327,7 @@ class GAN(CustomModel):
         fake_logits = self._discriminate(fake, labels, training=False)
         d_loss = self.discriminator_loss(self._discriminate(real, labels, training=False), fake_logits)
         penalty = tf.zeros(())
-        if self.loss_name == "wgan-gp":
+        if self.adversarial_loss.gradient_penalty:
             penalty = self.gradient_penalty(real, fake, labels, training=False)
             d_loss = d_loss + self.gradient_penalty_weight * penalty
         self._log(real, d_loss, self.generator_loss(fake_logits), penalty)
@@ -298,7 +335,7 @@ class GAN(CustomModel):
 
     def _log(self, real: Any, d_loss: Any, g_loss: Any, penalty: Any) -> None:
         values = dict(d_loss=d_loss, g_loss=g_loss)
-        if self.loss_name == "wgan-gp":
+        if self.adversarial_loss.gradient_penalty:
             values["gradient_penalty"] = penalty
         self.log_values(real, **values)
 
@@ -330,43 +367,3 @@ class GAN(CustomModel):
             classes = np.arange(n) % self.num_classes if labels is None else np.asarray(labels)
             label_tensor = tf.convert_to_tensor(classes.astype("int32"))
         return np.asarray(self.generator(self._generator_inputs(noise, label_tensor), training=False))
-
-
-class GenerateSamples(keras.callbacks.Callback):
-    """Keeps ``model.generate(n)`` from the end of every epoch (same noise each time).
-
-    Attributes:
-        samples: One array of ``n`` samples per finished epoch.
-
-    Example:
-        >>> import custom_fit
-        >>> sampler = custom_fit.gan.GenerateSamples(n=16)
-        >>> # gan.fit(x, epochs=5, callbacks=[sampler]); sampler.samples[-1].shape -> (16, ...)
-    """
-
-    def __init__(self, n: int = 16, labels: Sequence[int] | None = None, seed: int = 0):
-        super().__init__()
-        self.n, self.labels, self.seed = n, labels, seed
-        self.samples: list[np.ndarray] = []
-
-    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        self.samples.append(self.model.generate(self.n, labels=self.labels, seed=self.seed))
-
-
-def image_grid(images: np.ndarray, columns: int | None = None) -> np.ndarray:
-    """Tiles ``(n, h, w[, c])`` images into one ``(rows*h, columns*w[, c])`` image (blank cells: 0).
-
-    Example:
-        >>> import numpy as np, custom_fit
-        >>> custom_fit.gan.image_grid(np.ones((5, 2, 3))).shape  # 3 columns, 2 rows
-        (4, 9)
-    """
-    images = np.asarray(images)
-    n, h, w = images.shape[:3]
-    columns = columns or int(np.ceil(np.sqrt(n)))
-    rows = int(np.ceil(n / columns))
-    grid = np.zeros((rows * h, columns * w, *images.shape[3:]), dtype=images.dtype)
-    for i, image in enumerate(images):
-        r, c = divmod(i, columns)
-        grid[r * h : (r + 1) * h, c * w : (c + 1) * w] = image
-    return grid

@@ -9,7 +9,7 @@ import tensorflow as tf
 import custom_fit
 from benchmarks.baselines import keras_io_gan
 from custom_fit import _compat, keras
-from custom_fit.gan import GenerateSamples, image_grid
+from custom_fit.gan_samples import GenerateSamples, image_grid
 from tests import parity
 
 LATENT = 16
