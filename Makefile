@@ -21,7 +21,7 @@ $(STAMP): setup.cfg setup.py pyproject.toml constraints.txt
 
 ## Train a CNN on scikit-learn's bundled digits with CustomModel and keras.Model, side by side.
 demo: $(STAMP)
-	$(PY) -m custom_fit.demo
+	$(PY) examples/demo.py
 
 ## Run the whole suite twice (warnings are errors; see setup.cfg): on Keras 3, then on Keras 2.
 test: test-keras3 test-keras2

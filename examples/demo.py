@@ -1,6 +1,6 @@
 """The main job: train a CNN on scikit-learn's bundled digits with ``CustomModel.fit``.
 
-Run ``python -m custom_fit.demo`` (or ``make demo``). It trains the same small
+Run ``python examples/demo.py`` (or ``make demo``). It trains the same small
 CNN twice from the same seed, once with :class:`custom_fit.CustomModel` and once
 with ``keras.Model``, showing Keras' progress bar and a validation split, then
 prints a side-by-side report: test accuracy, final losses, the largest weight
@@ -11,7 +11,10 @@ stderr stays empty unless something goes wrong: TensorFlow's C++ log is off
 (``TF_CPP_MIN_LOG_LEVEL=3`` unless set), including the lines TensorFlow prints
 while it loads, before it reads that variable (see :func:`import_tensorflow_quietly`).
 The arguments are checked before TensorFlow loads, so ``--help`` and a wrong
-value answer at once.
+value answer at once. That is why the demo is a script beside the package
+rather than a module in it: ``import custom_fit`` loads TensorFlow (it
+registers custom_fit's classes with Keras, so that ``load_model`` finds them),
+and ``python -m custom_fit.<module>`` would import the package first.
 """
 
 from __future__ import annotations
@@ -220,7 +223,7 @@ def _whole_number(what: str, low: int, high: int | None = None) -> Callable[[str
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The demo's arguments, checked (argparse exits with status 2 and says what it expected)."""
     parser = argparse.ArgumentParser(
-        prog="python -m custom_fit.demo",
+        prog="python examples/demo.py",
         description="Trains a CNN on scikit-learn's digits with CustomModel.fit and keras.Model.fit from the same "
         "seed and compares the two runs.",
     )

@@ -50,8 +50,9 @@ def train(epochs: int) -> None:
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()  # reads TF_CONFIG
 
+    from demo import build_cnn, load_digits_split  # examples/demo.py, beside this script
+
     from custom_fit import keras  # Keras 3, or tf_keras under TF_USE_LEGACY_KERAS=1
-    from custom_fit.demo import build_cnn, load_digits_split
     from custom_fit.model import CustomModel
 
     task = json.loads(os.environ["TF_CONFIG"])["task"]

@@ -1,9 +1,10 @@
-"""The main job, ``python -m custom_fit.demo``, end to end on bundled data."""
+"""The main job, ``python examples/demo.py`` (``make demo``), end to end on bundled data."""
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -13,9 +14,13 @@ import numpy as np
 import pytest
 
 import custom_fit
-from custom_fit import demo
 
-DEMO = [sys.executable, "-m", "custom_fit.demo"]
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DEMO = [sys.executable, str(ROOT / "examples" / "demo.py")]
+_spec = importlib.util.spec_from_file_location("demo", DEMO[1])
+assert _spec is not None and _spec.loader is not None
+demo = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(demo)
 
 
 def test_demo_trains_both_models_identically(capsys):
@@ -76,13 +81,6 @@ def test_invalid_argument_says_what_was_expected_and_received(capsys, argv, mess
     assert message in capsys.readouterr().err
 
 
-def test_every_public_name_has_a_lazy_source():
-    """``custom_fit.__getattr__`` (used under ``python -m custom_fit.demo``) finds every public name."""
-    assert {*custom_fit._DEFINED_IN, "gan", "__version__"} == set(custom_fit.__all__)
-    for name, module in custom_fit._DEFINED_IN.items():
-        assert getattr(importlib.import_module(module), name) is getattr(custom_fit, name), name
-
-
 def test_tensorflow_log_lines_are_filtered_by_level():
     log = textwrap.dedent(
         """\
@@ -116,7 +114,7 @@ def test_tensorflow_is_loaded_quietly_and_failures_keep_their_output(tmp_path, f
     """File descriptor 2 is captured while TensorFlow loads (a fake one here, which writes to it directly)."""
     (tmp_path / "tensorflow").mkdir()
     (tmp_path / "tensorflow" / "__init__.py").write_text(FAKE_TENSORFLOW)
-    load_demo_alone = (  # without the custom_fit package, which would load the fake TensorFlow itself
+    load_demo_alone = (  # the helper alone: the demo's main would load the fake TensorFlow for Keras
         "import importlib.util, sys; "
         f"spec = importlib.util.spec_from_file_location('demo', {demo.__file__!r}); "
         "demo = importlib.util.module_from_spec(spec); spec.loader.exec_module(demo); "
@@ -145,8 +143,7 @@ def test_help_and_argument_errors_answer_without_loading_tensorflow(argv):
     imported = {
         line.split("|")[-1].strip() for line in completed.stderr.splitlines() if line.startswith("import time:")
     }
-    assert "custom_fit" in imported  # the demo itself runs as __main__
-    assert not {"tensorflow", "keras", "tf_keras"} & imported
+    assert not {"custom_fit", "tensorflow", "keras", "tf_keras"} & imported
     if argv == ["--help"]:
         assert completed.returncode == 0 and "--epochs EPOCHS" in completed.stdout
     else:
@@ -154,26 +151,8 @@ def test_help_and_argument_errors_answer_without_loading_tensorflow(argv):
 
 
 @pytest.mark.slow
-def test_package_names_resolve_lazily_under_the_demo():
-    """As Python imports the package for ``python -m custom_fit.demo``: no TensorFlow until a name is used."""
-    code = textwrap.dedent(
-        """\
-        import sys
-        sys.argv[:1], sys.orig_argv = ["-m"], [sys.executable, "-m", "custom_fit.demo"]
-        import custom_fit
-        assert "tensorflow" not in sys.modules
-        from custom_fit import CustomModel, keras
-        assert issubclass(CustomModel, keras.Model) and custom_fit.KERAS_2 in (True, False)
-        assert custom_fit.gan.GAN is custom_fit.GAN
-        assert set(custom_fit.__all__) <= set(dir(custom_fit))
-        """
-    )
-    subprocess.run([sys.executable, "-c", code], timeout=120, check=True)
-
-
-@pytest.mark.slow
 def test_bare_import_registers_the_classes_for_load_model(tmp_path):
-    """Why ``import custom_fit`` stays eager outside the demo: Keras finds a saved class only if it is registered."""
+    """Why ``import custom_fit`` loads TensorFlow: Keras finds a saved class only if it is registered."""
     inputs = custom_fit.keras.Input((2,))
     model = custom_fit.CustomModel(inputs, custom_fit.keras.layers.Dense(1)(inputs))
     model.compile(optimizer="sgd", loss="mse")
@@ -186,7 +165,7 @@ def test_bare_import_registers_the_classes_for_load_model(tmp_path):
 
 @pytest.mark.slow
 def test_demo_entry_point_shows_progress_bar_and_nothing_on_stderr():
-    """A tiny run of ``python -m custom_fit.demo``, with the Keras of this test run and no TF_CPP_MIN_LOG_LEVEL set."""
+    """A tiny run of ``python examples/demo.py``, with the Keras of this test run and no TF_CPP_MIN_LOG_LEVEL set."""
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     completed = subprocess.run(
         [*DEMO, "--epochs", "1", "--batch-size", "128"], capture_output=True, text=True, env=env, timeout=300

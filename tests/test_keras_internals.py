@@ -143,7 +143,7 @@ def test_the_hash_ignores_formatting_comments_and_docstrings_but_not_code():
 #: points whose upstream source does not matter to the override), with the reason.
 EXTENSION_POINTS = {
     "custom_fit.gan.GAN": "a model written the way users write one (its own __init__, compile, call, steps, config)",
-    "custom_fit.gan.GenerateSamples": "a Callback: on_epoch_end is a public hook",
+    "custom_fit.gan_samples.GenerateSamples": "a Callback: on_epoch_end is a public hook",
     "custom_fit.backup_and_restore.BackupAndRestore": "a Callback: public hooks (__init__: *-backup-and-restore)",
     "custom_fit.optimizers.NamedOptimizers.__init__": "an optimizer's constructor",
     "custom_fit.fit_loop.FitLoopHooks.__init__": "sets its own state, then runs Keras' constructor as it is",
@@ -160,8 +160,7 @@ if custom_fit.KERAS_2:
 
 
 def _custom_fit_classes() -> list[type]:
-    skip = {"demo", "fit_loop"} if custom_fit.KERAS_2 else {"demo"}  # fit_loop: Keras 3 only (it loads Keras 3)
-    names = [m.name for m in pkgutil.iter_modules(custom_fit.__path__) if m.name not in skip]
+    names = [m.name for m in pkgutil.iter_modules(custom_fit.__path__)]
     modules = [importlib.import_module(f"custom_fit.{name}") for name in names]
     own = ["keras2"] if custom_fit.KERAS_2 else ["keras3", "keras3_only"]
     modules += [importlib.import_module(f"custom_fit._compat.{name}") for name in own]
