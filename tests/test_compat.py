@@ -9,8 +9,12 @@ from __future__ import annotations
 import ast
 import collections
 import importlib
+import json
+import os
 import pathlib
 import re
+import subprocess
+import sys
 
 import keras as keras3
 import numpy as np
@@ -132,17 +136,66 @@ def module_level_names(name: str) -> set[str]:
     return names
 
 
-def test_keras_modules_declare_the_same_names():
-    assert module_all("keras2") == module_all("keras3")
+def contract_names() -> set[str]:
+    """The members of ``custom_fit._compat.contract.KerasVersion``."""
+    from custom_fit._compat.contract import KerasVersion
+
+    names = {*vars(KerasVersion), *KerasVersion.__annotations__}  # functions and properties; constants
+    return {name for name in names if not name.startswith("_")}
+
+
+def test_keras_modules_declare_the_contract_names():
+    assert set(module_all("keras2")) == set(module_all("keras3")) == contract_names()
     for version in ("keras2", "keras3", "common", "keras3_only"):
         missing = set(module_all(version)) - module_level_names(version)
         assert not missing, f"custom_fit._compat.{version} declares but does not define {sorted(missing)}"
 
 
+# Run in a process of its own: importing the other Keras' module loads that Keras.
+SIGNATURES = """
+import inspect, json
+from custom_fit._compat import contract, keras2, keras3
+
+def shape(function, drop_self):
+    parameters = list(inspect.signature(function).parameters.values())[1 if drop_self else 0 :]
+    return [(p.name, p.kind.name, p.default is not inspect.Parameter.empty) for p in parameters]
+
+members = {name: member for name, member in vars(contract.KerasVersion).items() if callable(member)}
+found = {}
+for module in (keras2, keras3):
+    for name, member in members.items():
+        if not name.startswith("_"):
+            found[f"{module.__name__}.{name}"] = [shape(member, True), shape(getattr(module, name), False)]
+print(json.dumps(found))
+"""
+
+
+@pytest.mark.slow
+def test_keras_modules_implement_the_contract_signatures():
+    """Each function of keras2 and keras3 takes the parameters the contract declares (names, kinds, defaults)."""
+    completed = subprocess.run(
+        [sys.executable, "-c", SIGNATURES],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(PACKAGE.parent)},
+    )
+    found = json.loads(completed.stdout.splitlines()[-1])
+    assert len(found) == 2 * len([n for n in contract_names() if not n.isupper() and n not in PROPERTIES])
+    differing = {name: shapes for name, shapes in found.items() if shapes[0] != shapes[1]}
+    assert not differing, f"signatures differ from custom_fit._compat.contract.KerasVersion: {differing}"
+
+
+#: The contract's read-only members (a class or the module), not functions.
+PROPERTIES = {"keras", "Functional", "LossScaleOptimizer", "TrainerHooks"}
+
+
 def test_compat_exports_exactly_its_declared_names():
     """No star imports and no leaks: the package's public names are its ``__all__`` (and its submodules)."""
+    assert set(_compat.__all__) >= {"KERAS_2", *contract_names()}
     common = importlib.import_module("custom_fit._compat.common")
-    assert _compat.__all__ == ["KERAS_2", *common.__all__, *module_all("keras3")]
+    assert set(_compat.__all__) - {"KERAS_2", *contract_names()} <= set(common.__all__)
     for name in _compat.__all__:
         assert hasattr(_compat, name), name
     public = {name for name in vars(_compat) if not name.startswith("_")}

@@ -6,9 +6,10 @@ default, Keras 2 (``tf_keras``) when the environment sets
 follows TensorFlow, so code written against ``tf.keras`` gets a ``CustomModel``
 of the same Keras. Everything that differs between the two lives in
 :mod:`~custom_fit._compat.keras3` and :mod:`~custom_fit._compat.keras2`, which
-declare the same ``__all__``; this package re-exports the one in use, together
-with the helpers of :mod:`~custom_fit._compat.common` that are the same for
-both. Keras-3-only features import :mod:`~custom_fit._compat.keras3_only`
+both implement :class:`~custom_fit._compat.contract.KerasVersion` (bodies
+they share live once in :mod:`~custom_fit._compat.common`); this package
+re-exports the one in use, typed as the contract, together with the shared
+helpers the rest of custom_fit calls. Keras-3-only features import :mod:`~custom_fit._compat.keras3_only`
 themselves.
 
 Where custom_fit copies, rewrites, replaces or wraps a Keras internal,
@@ -22,120 +23,123 @@ Nothing in this package is public API.
 
 import tensorflow as _tf
 
-from custom_fit._compat import common
+from custom_fit._compat import contract
 from custom_fit._compat.common import (
-    CountingCall,
-    UntrackedVariable,
     batch_size_of,
-    dataset_without_autotuning,
     explain_xla_errors,
-    find_untracked_variables,
     is_scalar,
-    loss_scaling_twins,
     record_compile_option,
     recording,
     replica_context_with_peers,
-    report_execution,
     set_untracked,
-    shared_while_inside,
-    skippable_aggregation,
     variable_names_without_model,
 )
 
 #: Whether ``tf.keras`` is Keras 2 (``tf_keras``, ``TF_USE_LEGACY_KERAS=1``) rather than Keras 3.
 KERAS_2: bool = _tf.keras.__name__.startswith("tf_keras")
 
-# Explicit names (no star import) so that readers and type checkers see them;
-# tests/test_compat.py checks that both lists equal the modules' `__all__`.
+# The version module in use. `TrainerHooks` (a base class of CustomModel) and `keras` (a module)
+# are imported by name, so that type checkers see a class and a module; everything else comes
+# from the module typed as the contract (custom_fit._compat.contract.KerasVersion).
 if KERAS_2:
-    from custom_fit._compat import keras2 as _selected
-    from custom_fit._compat.keras2 import (
-        BACKUP_WEIGHTS_FILE,
-        CLIPS_AFTER_AGGREGATION,
-        GROUP_COMPILE_KWARGS,
-        KERAS_VERSION,
-        OPTIMIZER_GROUP_KWARGS,
-        STEP_UPDATES_LOSS_TRACKER,
-        Functional,
-        LossScaleOptimizer,
-        SeedGenerator,
-        TrainerHooks,
-        call_accepts_training,
-        check_compile_arguments,
-        compiled_metrics_container,
-        compute_loss_accepts_training,
-        counting_regularizer_calls,
-        finish_metrics_result,
-        gradients_already_summed,
-        has_compiled_loss,
-        is_compiled,
-        is_functional_call,
-        keras,
-        logged_value_entries,
-        loss_scaled,
-        loss_tracker,
-        make_step_function,
-        mark_built,
-        mark_built_if_complete,
-        optimizer_built,
-        random_normal,
-        random_uniform,
-        scale_loss,
-        scale_loss_for_distribution,
-        set_initial_epoch,
-        share_registered_name,
-        sum_across_replicas,
-        unscale_gradients,
-        unscale_loss_for_distribution,
-        untracked_variables,
-        variable_names,
-        variables_built_on,
-        wrap_for_loss_scaling,
-    )
+    from custom_fit._compat import keras2 as _module
+    from custom_fit._compat.keras2 import TrainerHooks, keras
 else:
-    from custom_fit._compat import keras3 as _selected
-    from custom_fit._compat.keras3 import (
-        BACKUP_WEIGHTS_FILE,
-        CLIPS_AFTER_AGGREGATION,
-        GROUP_COMPILE_KWARGS,
-        KERAS_VERSION,
-        OPTIMIZER_GROUP_KWARGS,
-        STEP_UPDATES_LOSS_TRACKER,
-        Functional,
-        LossScaleOptimizer,
-        SeedGenerator,
-        TrainerHooks,
-        call_accepts_training,
-        check_compile_arguments,
-        compiled_metrics_container,
-        compute_loss_accepts_training,
-        counting_regularizer_calls,
-        finish_metrics_result,
-        gradients_already_summed,
-        has_compiled_loss,
-        is_compiled,
-        is_functional_call,
-        keras,
-        logged_value_entries,
-        loss_scaled,
-        loss_tracker,
-        make_step_function,
-        mark_built,
-        mark_built_if_complete,
-        optimizer_built,
-        random_normal,
-        random_uniform,
-        scale_loss,
-        scale_loss_for_distribution,
-        set_initial_epoch,
-        share_registered_name,
-        sum_across_replicas,
-        unscale_gradients,
-        unscale_loss_for_distribution,
-        untracked_variables,
-        variable_names,
-        variables_built_on,
-        wrap_for_loss_scaling,
-    )
+    from custom_fit._compat import keras3 as _module
+    from custom_fit._compat.keras3 import TrainerHooks, keras
 
-__all__ = ["KERAS_2", *common.__all__, *_selected.__all__]
+_version: contract.KerasVersion = _module
+
+BACKUP_WEIGHTS_FILE = _version.BACKUP_WEIGHTS_FILE
+CLIPS_AFTER_AGGREGATION = _version.CLIPS_AFTER_AGGREGATION
+GROUP_COMPILE_KWARGS = _version.GROUP_COMPILE_KWARGS
+KERAS_VERSION = _version.KERAS_VERSION
+OPTIMIZER_GROUP_KWARGS = _version.OPTIMIZER_GROUP_KWARGS
+STEP_UPDATES_LOSS_TRACKER = _version.STEP_UPDATES_LOSS_TRACKER
+Functional = _version.Functional
+LossScaleOptimizer = _version.LossScaleOptimizer
+SeedGenerator = _version.SeedGenerator
+call_accepts_training = _version.call_accepts_training
+check_compile_arguments = _version.check_compile_arguments
+compiled_metrics_container = _version.compiled_metrics_container
+compute_loss_accepts_training = _version.compute_loss_accepts_training
+counting_regularizer_calls = _version.counting_regularizer_calls
+finish_metrics_result = _version.finish_metrics_result
+gradients_already_summed = _version.gradients_already_summed
+has_compiled_loss = _version.has_compiled_loss
+is_compiled = _version.is_compiled
+is_functional_call = _version.is_functional_call
+logged_value_entries = _version.logged_value_entries
+loss_scaled = _version.loss_scaled
+loss_tracker = _version.loss_tracker
+make_step_function = _version.make_step_function
+mark_built = _version.mark_built
+mark_built_if_complete = _version.mark_built_if_complete
+optimizer_built = _version.optimizer_built
+random_normal = _version.random_normal
+random_uniform = _version.random_uniform
+scale_loss = _version.scale_loss
+scale_loss_for_distribution = _version.scale_loss_for_distribution
+set_initial_epoch = _version.set_initial_epoch
+share_registered_name = _version.share_registered_name
+sum_across_replicas = _version.sum_across_replicas
+unscale_gradients = _version.unscale_gradients
+unscale_loss_for_distribution = _version.unscale_loss_for_distribution
+untracked_variables = _version.untracked_variables
+variable_names = _version.variable_names
+variables_built_on = _version.variables_built_on
+wrap_for_loss_scaling = _version.wrap_for_loss_scaling
+
+#: The names the rest of custom_fit uses: the contract's, and the shared helpers it calls directly.
+__all__ = [
+    "BACKUP_WEIGHTS_FILE",
+    "CLIPS_AFTER_AGGREGATION",
+    "GROUP_COMPILE_KWARGS",
+    "KERAS_2",
+    "KERAS_VERSION",
+    "OPTIMIZER_GROUP_KWARGS",
+    "STEP_UPDATES_LOSS_TRACKER",
+    "Functional",
+    "LossScaleOptimizer",
+    "SeedGenerator",
+    "TrainerHooks",
+    "batch_size_of",
+    "call_accepts_training",
+    "check_compile_arguments",
+    "compiled_metrics_container",
+    "compute_loss_accepts_training",
+    "counting_regularizer_calls",
+    "explain_xla_errors",
+    "finish_metrics_result",
+    "gradients_already_summed",
+    "has_compiled_loss",
+    "is_compiled",
+    "is_functional_call",
+    "is_scalar",
+    "keras",
+    "logged_value_entries",
+    "loss_scaled",
+    "loss_tracker",
+    "make_step_function",
+    "mark_built",
+    "mark_built_if_complete",
+    "optimizer_built",
+    "random_normal",
+    "random_uniform",
+    "record_compile_option",
+    "recording",
+    "replica_context_with_peers",
+    "scale_loss",
+    "scale_loss_for_distribution",
+    "set_initial_epoch",
+    "set_untracked",
+    "share_registered_name",
+    "sum_across_replicas",
+    "unscale_gradients",
+    "unscale_loss_for_distribution",
+    "untracked_variables",
+    "variable_names",
+    "variable_names_without_model",
+    "variables_built_on",
+    "wrap_for_loss_scaling",
+]

@@ -26,13 +26,16 @@ __all__ = [
     "explain_xla_errors",
     "find_untracked_variables",
     "is_scalar",
-    "loss_scaling_twins",
+    "loss_scaling",
+    "marks_built_if_complete",
+    "not_compiled_error",
     "record_compile_option",
     "recording",
     "replica_context_with_peers",
     "report_execution",
     "set_untracked",
     "shared_while_inside",
+    "sharing_registered_names",
     "skippable_aggregation",
     "variable_names_without_model",
 ]
@@ -155,22 +158,48 @@ def record_compile_option(model: Any, name: str, value: Any) -> None:
     model._compile_config.config[name] = value
 
 
-def set_built_if_complete(model: Any, layer_class: Any, model_class: Any) -> None:
-    """Sets ``model.built`` when it was never called but every variable it can have exists.
+def marks_built_if_complete(layer_class: Any, model_class: Any) -> Callable[[Any], None]:
+    """``mark_built_if_complete(model)`` for the Keras whose ``Layer`` and ``Model`` are given."""
 
-    A GAN, a distiller or a VAE is trained through sub-models its step calls;
-    the model itself is never called, stays unbuilt, and Keras'
-    ``BackupAndRestore`` refuses it and ``save`` warns. When every direct
-    sub-layer is built or has no ``build`` of its own (so creates no
-    variables), and the model has no ``build`` of its own either, Keras'
-    default ``build`` would do nothing but set ``built``. ``layer_class`` and
-    ``model_class`` are that Keras' ``Layer`` and ``Model``.
-    """
-    if model.built or type(model).build is not model_class.build:
-        return
-    layers = model.layers
-    if layers and all(layer.built or type(layer).build is layer_class.build for layer in layers):
-        model.built = True
+    def mark_built_if_complete(model: Any) -> None:
+        """Sets ``model.built`` when it was never called but every variable it can have exists.
+
+        A GAN, a distiller or a VAE is trained through sub-models its step
+        calls; the model itself is never called, stays unbuilt, and Keras'
+        ``BackupAndRestore`` refuses it and ``save`` warns. When every direct
+        sub-layer is built or has no ``build`` of its own (so creates no
+        variables), and the model has no ``build`` of its own either, Keras'
+        default ``build`` would do nothing but set ``built``.
+        """
+        if model.built or type(model).build is not model_class.build:
+            return
+        layers = model.layers
+        if layers and all(layer.built or type(layer).build is layer_class.build for layer in layers):
+            model.built = True
+
+    return mark_built_if_complete
+
+
+def not_compiled_error(model: Any, method: str | None) -> ValueError:
+    """The error for ``fit``, ``evaluate`` & co. on a model that was never compiled (``method``: its name)."""
+    called = f"{method}()" if method else "this method"
+    return ValueError(
+        f"{type(model).__name__}.{called} needs a compiled model: expected "
+        "`model.compile(optimizer=..., loss=...)` to have been called first, but model "
+        f"'{model.name}' was never compiled. Fix: call `model.compile(...)` before `model.{called}`."
+    )
+
+
+def sharing_registered_names(
+    registry: dict[Any, str], get_registered_name: Callable[[type], str]
+) -> Callable[[type, type], None]:
+    """``share_registered_name(twin, cls)`` for the Keras whose custom-name registry is ``registry``."""
+
+    def share_registered_name(twin: type, cls: type) -> None:
+        """Serializes ``twin`` under ``cls``' registered name, so ``load_model`` finds ``cls``."""
+        registry[twin] = get_registered_name(cls)
+
+    return share_registered_name
 
 
 class CountingCall:
@@ -313,13 +342,24 @@ def skippable_aggregation(method: str) -> Callable[[Any], contextlib.AbstractCon
     return gradients_already_summed
 
 
-def loss_scaling_twins(wrap: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """``optimizer -> wrap(optimizer)``, made once per optimizer (weakly cached)."""
+def loss_scaling(loss_scale_optimizer: type, wrap: Callable[[Any], Any]) -> Callable[[Any, Any], Any]:
+    """``loss_scaled(model, optimizer)`` for the Keras whose ``LossScaleOptimizer`` class is given.
+
+    ``wrap(optimizer)`` makes the ``LossScaleOptimizer``, once per optimizer
+    (weakly cached).
+    """
     twins: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
-    def twin(optimizer: Any) -> Any:
+    def loss_scaled(model: Any, optimizer: Any) -> Any:
+        """``optimizer`` wrapped in a ``LossScaleOptimizer`` when ``model`` runs in ``mixed_float16``.
+
+        ``compile()`` wraps the compiled optimizer; an extra optimizer handed to
+        ``minimize`` gets the same treatment, once.
+        """
+        if model.dtype_policy.name != "mixed_float16" or isinstance(optimizer, loss_scale_optimizer):
+            return optimizer
         if optimizer not in twins:
             twins[optimizer] = wrap(optimizer)
         return twins[optimizer]
 
-    return twin
+    return loss_scaled

@@ -42,9 +42,12 @@ from custom_fit._compat.common import (
     dataset_without_autotuning,
     explain_xla_errors,
     find_untracked_variables,
-    loss_scaling_twins,
+    loss_scaling,
+    marks_built_if_complete,
+    not_compiled_error,
     report_execution,
     shared_while_inside,
+    sharing_registered_names,
     skippable_aggregation,
     variable_names_without_model,
 )
@@ -307,9 +310,9 @@ def _tuned(model: Any, function: Callable[[Any], Any], tuner: Any) -> Callable[[
     return tuned_function
 
 
-def mark_built_if_complete(model: Any) -> None:
-    """Sets ``model.built`` when all its variables exist although it was never called (see ``common``)."""
-    common.set_built_if_complete(model, keras.layers.Layer, keras.Model)
+#: ``mark_built_if_complete(model)``: sets ``model.built`` when all its variables exist although it
+#: was never called (see :func:`custom_fit._compat.common.marks_built_if_complete`).
+mark_built_if_complete = marks_built_if_complete(keras.layers.Layer, keras.Model)
 
 
 # --------------------------------------------------------------------------
@@ -355,14 +358,9 @@ def wrap_for_loss_scaling(optimizer: Any, name: str) -> Any:
     return LossScaleOptimizer(optimizer)
 
 
-_loss_scaled_twin = loss_scaling_twins(LossScaleOptimizer)
-
-
-def loss_scaled(model: Any, optimizer: Any) -> Any:
-    """``optimizer`` wrapped for loss scaling when ``model`` runs in ``mixed_float16`` (once)."""
-    if model.dtype_policy.name != "mixed_float16" or isinstance(optimizer, LossScaleOptimizer):
-        return optimizer
-    return _loss_scaled_twin(optimizer)
+#: ``loss_scaled(model, optimizer)``: ``optimizer`` in a ``LossScaleOptimizer`` (made once) when
+#: ``model`` runs in ``mixed_float16``, as Keras 2's ``compile`` wraps the compiled one.
+loss_scaled = loss_scaling(LossScaleOptimizer, LossScaleOptimizer)
 
 
 def variables_built_on(optimizer: Any, candidates: Any) -> list[Any]:
@@ -478,8 +476,8 @@ class SeedGenerator(keras.layers.Layer):
     model's weights) that every replica reads and advances identically.
     """
 
-    def __init__(self, seed: int | None = None, **kwargs: Any):
-        super().__init__(**kwargs)
+    def __init__(self, seed: int | None = None, name: str | None = None):
+        super().__init__(name=name)
         seed = random.SystemRandom().randrange(2**31) if seed is None else int(seed)
         self.state = self.add_weight(
             name="seed_generator_state",
@@ -552,9 +550,8 @@ def set_initial_epoch(model: Any, epoch: int | None) -> None:
     common.set_untracked(model, "_custom_fit_initial_epoch", epoch)
 
 
-def share_registered_name(twin: type, cls: type) -> None:
-    """Serializes ``twin`` under ``cls``' registered name, so ``load_model`` finds ``cls``."""
-    _registration._GLOBAL_CUSTOM_NAMES[twin] = keras.saving.get_registered_name(cls)
+#: ``share_registered_name(twin, cls)``: ``twin`` serializes under ``cls``' registered name.
+share_registered_name = sharing_registered_names(_registration._GLOBAL_CUSTOM_NAMES, keras.saving.get_registered_name)
 
 
 # --------------------------------------------------------------------------
@@ -583,13 +580,7 @@ class TrainerHooks:
     def _assert_compile_was_called(self: Any) -> None:
         # Keras 2's message names neither the method, the model nor the fix.
         if not self._is_compiled:
-            method = sys._getframe(1).f_code.co_name  # fit, evaluate, train_on_batch, ...
-            raise ValueError(
-                f"{type(self).__name__}.{method}() needs a compiled model: expected "
-                "`model.compile(optimizer=..., loss=...)` to have been called first, "
-                f"but model '{self.name}' was never compiled. Fix: call "
-                f"`model.compile(...)` before `model.{method}()`."
-            )
+            raise not_compiled_error(self, sys._getframe(1).f_code.co_name)  # fit, evaluate, train_on_batch, ...
 
     def get_config(self: Any) -> dict[str, Any]:
         # Keras 2 writes a functional config only when `__init__`'s arguments

@@ -26,15 +26,18 @@ from keras.src.saving import object_registration as _registration
 from keras.src.trainers import compile_utils as _compile_utils
 from keras.src.utils import python_utils as _python_utils
 
-from custom_fit._compat import common, keras3_only
+from custom_fit._compat import keras3_only
 from custom_fit._compat.common import (
     CountingCall,
     UntrackedVariable,
     explain_xla_errors,
     find_untracked_variables,
-    loss_scaling_twins,
+    loss_scaling,
+    marks_built_if_complete,
+    not_compiled_error,
     report_execution,
     shared_while_inside,
+    sharing_registered_names,
     skippable_aggregation,
     variable_names_without_model,
 )
@@ -84,11 +87,10 @@ __all__ = [
 ]
 
 KERAS_VERSION: str = f"keras {keras.version()}"
-_VERSION = tuple(int(part) for part in keras.version().split(".")[:2])
 
 #: Whether Keras runs one step per execution on a batch it fetched before the compiled step
 #: (3.16, keras-team/keras#23179) rather than fetching it inside (3.8-3.15); see ``make_step_function``.
-_STEPS_ON_A_FETCHED_BATCH = _VERSION >= (3, 16)
+_STEPS_ON_A_FETCHED_BATCH = keras3_only.VERSION >= (3, 16)
 
 #: Keras 3 optimizers clip each replica's gradient, then sum across replicas.
 CLIPS_AFTER_AGGREGATION = False
@@ -151,7 +153,7 @@ def finish_metrics_result(results: dict[str, Any]) -> dict[str, Any]:
     (Floats where they can be, nested dicts flattened, keys sorted; inside a
     traced step the tensors stay. From 3.14 ``evaluate`` & co. convert.)
     """
-    return _python_utils.pythonify_logs(results) if _VERSION < (3, 14) else results
+    return _python_utils.pythonify_logs(results) if keras3_only.VERSION < (3, 14) else results
 
 
 def check_compile_arguments(model: keras.Model, optimizer: Any, kwargs: dict[str, Any]) -> None:
@@ -323,9 +325,9 @@ def _reduce_logs(strategy: tf.distribute.Strategy, logs: Any) -> Any:
     return _tf_trainer.reduce_per_replica(logs, strategy, reduction="auto")
 
 
-def mark_built_if_complete(model: Any) -> None:
-    """Sets ``model.built`` when all its variables exist although it was never called (see ``common``)."""
-    common.set_built_if_complete(model, keras.layers.Layer, keras.Model)
+#: ``mark_built_if_complete(model)``: sets ``model.built`` when all its variables exist although it
+#: was never called (see :func:`custom_fit._compat.common.marks_built_if_complete`).
+mark_built_if_complete = marks_built_if_complete(keras.layers.Layer, keras.Model)
 
 
 # --------------------------------------------------------------------------
@@ -368,20 +370,11 @@ def wrap_for_loss_scaling(optimizer: Any, name: str) -> LossScaleOptimizer:
     return LossScaleOptimizer(optimizer, name=name)
 
 
-_loss_scaled_twin = loss_scaling_twins(
-    lambda optimizer: wrap_for_loss_scaling(optimizer, f"{optimizer.name}_loss_scale")
+#: ``loss_scaled(model, optimizer)``: ``optimizer`` in a ``LossScaleOptimizer`` (made once) when
+#: ``model`` runs in ``mixed_float16``, as ``compile(auto_scale_loss=True)`` wraps the compiled one.
+loss_scaled = loss_scaling(
+    LossScaleOptimizer, lambda optimizer: wrap_for_loss_scaling(optimizer, f"{optimizer.name}_loss_scale")
 )
-
-
-def loss_scaled(model: keras.Model, optimizer: Any) -> Any:
-    """``optimizer`` wrapped in a ``LossScaleOptimizer`` when ``model`` runs in ``mixed_float16``.
-
-    ``compile()`` wraps the compiled optimizer (``auto_scale_loss=True``); an
-    extra optimizer handed to ``minimize`` gets the same treatment, once.
-    """
-    if model.dtype_policy.name != "mixed_float16" or isinstance(optimizer, LossScaleOptimizer):
-        return optimizer
-    return _loss_scaled_twin(optimizer)
 
 
 def variables_built_on(optimizer: Any, candidates: Any) -> list[Any]:
@@ -488,9 +481,8 @@ def set_initial_epoch(model: keras.Model, epoch: int | None) -> None:
     model._initial_epoch = epoch
 
 
-def share_registered_name(twin: type, cls: type) -> None:
-    """Serializes ``twin`` under ``cls``' registered name, so ``load_model`` finds ``cls``."""
-    _registration.GLOBAL_CUSTOM_NAMES[twin] = keras.saving.get_registered_name(cls)
+#: ``share_registered_name(twin, cls)``: ``twin`` serializes under ``cls``' registered name.
+share_registered_name = sharing_registered_names(_registration.GLOBAL_CUSTOM_NAMES, keras.saving.get_registered_name)
 
 
 # --------------------------------------------------------------------------
@@ -505,13 +497,7 @@ class TrainerHooks:
         # Keras' own message does not name the method or the fix (and its
         # ``method_name`` branch is dead code in Keras 3.15).
         if not self.compiled:
-            method = f"{method_name}()" if method_name else "this method"
-            raise ValueError(
-                f"{type(self).__name__}.{method} needs a compiled model: expected "
-                f"`model.compile(optimizer=..., loss=...)` to have been called "
-                f"first, but model '{self.name}' was never compiled. Fix: call "
-                f"`model.compile(...)` before `model.{method}`."
-            )
+            raise not_compiled_error(self, method_name)
 
     def _epoch_iterator_made(self: Any, epoch_iterator: Any) -> None:
         """Called with each epoch iterator ``fit`` and ``evaluate`` make, before any callback runs.

@@ -27,6 +27,7 @@ from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
 from custom_fit._compat import common
 
 __all__ = [
+    "VERSION",
     "Execution",
     "aggregate_additional_loss",
     "build_compiled_state",
@@ -86,7 +87,8 @@ def seed_generator_states(model: keras.Model) -> list[Any]:
     return states
 
 
-_VERSION = tuple(int(part) for part in keras.version().split(".")[:2])
+#: The Keras 3 release's (major, minor).
+VERSION: tuple[int, ...] = tuple(int(part) for part in keras.version().split(".")[:2])
 
 
 class Execution:
@@ -166,7 +168,7 @@ def steer_epoch_iterator(epoch_iterator: Any, plan: Callable[[int | None], int],
 
     def item(first: int, steps: int, iterator: Any) -> tuple[Any, ...]:
         execution = Execution(iterator, steps)
-        return (first, first + steps - 1, execution) if _VERSION >= (3, 11) else (first, execution)
+        return (first, first + steps - 1, execution) if VERSION >= (3, 11) else (first, execution)
 
     def new_iterator(it: Any) -> Any:
         position.iterator_made()
