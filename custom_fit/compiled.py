@@ -36,6 +36,7 @@ from typing import Any
 
 from custom_fit import _compat
 from custom_fit._compat import keras
+from custom_fit._host import Host
 
 if not _compat.KERAS_2:  # this module's Keras 3 private names; a Keras 2 process never loads Keras 3
     from custom_fit._compat import keras3_only
@@ -167,7 +168,7 @@ class CompiledMetrics:
         return list(container.metrics) if container is not None else []
 
 
-class CompiledAttributes:
+class CompiledAttributes(Host):
     """Gives ``CustomModel`` the Keras-2 ``compiled_loss`` and ``compiled_metrics`` (Keras 3 only).
 
     Keras 3 keeps both names only as deprecated shims with the wrong meaning;

@@ -26,6 +26,7 @@ from typing import Any
 
 from custom_fit import _compat
 from custom_fit._compat import keras
+from custom_fit._host import Host
 
 __all__ = ["ConfigFromConstructor", "RecompilesOnLoad"]
 
@@ -124,7 +125,7 @@ def _accepts(function: Callable[..., Any], name: str) -> bool:
 # --------------------------------------------------------------------------
 
 
-class ConfigFromConstructor:
+class ConfigFromConstructor(Host):
     """Gives a ``CustomModel`` subclass without ``get_config`` one made from its constructor arguments.
 
     Keras serializes a subclassed model's constructor arguments only when all
@@ -140,10 +141,10 @@ class ConfigFromConstructor:
         _compat.set_untracked(instance, "_constructor_arguments", captured_arguments(cls.__init__, args, kwargs))
         return instance
 
-    def get_config(self: Any) -> dict[str, Any]:
+    def get_config(self) -> dict[str, Any]:
         arguments = getattr(self, "_constructor_arguments", None)
         if arguments is None or isinstance(self, (_compat.Functional, keras.Sequential)):
-            return super().get_config()  # type: ignore[misc]
+            return super().get_config()
         base = {"name": self.name, "trainable": self.trainable}
         config = {k: v for k, v in base.items() if _accepts(type(self).__init__, k)}
         owner = f"{type(self).__name__}.__init__ argument"
@@ -153,9 +154,9 @@ class ConfigFromConstructor:
     @classmethod
     def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> Any:
         config = {k: deserialize_argument(v, custom_objects) for k, v in config.items()}
-        return super().from_config(config, custom_objects)  # type: ignore[misc]
+        return super().from_config(config, custom_objects)
 
-    def get_build_config(self: Any) -> dict[str, Any] | None:
+    def get_build_config(self) -> dict[str, Any] | None:
         """Keras' build config; for a model built without being called, each sub-layer's.
 
         Sub-models made in ``__init__`` without an input shape (the SimCLR
@@ -164,15 +165,15 @@ class ConfigFromConstructor:
         so ``load_model`` could not create their variables; their own build
         configs (input shapes) are saved instead.
         """
-        config: dict[str, Any] | None = super().get_build_config()  # type: ignore[misc]
+        config: dict[str, Any] | None = super().get_build_config()
         if config is not None or not self.built:
             return config
         return {_SUB_LAYERS: {str(i): layer.get_build_config() for i, layer in enumerate(self.layers) if layer.built}}
 
-    def build_from_config(self: Any, config: dict[str, Any]) -> None:
+    def build_from_config(self, config: dict[str, Any]) -> None:
         """Rebuilds what :meth:`get_build_config` saved (Keras' own configs as Keras does)."""
         if _SUB_LAYERS not in config:
-            super().build_from_config(config)  # type: ignore[misc]
+            super().build_from_config(config)
             return
         for i, layer in enumerate(self.layers):
             layer_config = config[_SUB_LAYERS].get(str(i))
@@ -185,7 +186,7 @@ def _recording_arguments(compile_method: Callable[..., Any]) -> Callable[..., An
     """Wraps a subclass' own ``compile`` so that the outermost call records its arguments."""
 
     @functools.wraps(compile_method)
-    def compile(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def compile(self: Host, *args: Any, **kwargs: Any) -> Any:
         if getattr(self, "_recording_compile", False):  # super().compile() from a subclass' compile
             return compile_method(self, *args, **kwargs)
         _compat.set_untracked(self, "_recording_compile", True)
@@ -200,7 +201,7 @@ def _recording_arguments(compile_method: Callable[..., Any]) -> Callable[..., An
     return compile
 
 
-class RecompilesOnLoad:
+class RecompilesOnLoad(Host):
     """Lets ``load_model`` re-run ``compile``, including one with a signature of its own.
 
     A subclass whose ``compile`` takes its own arguments (the keras.io GAN's
@@ -217,16 +218,16 @@ class RecompilesOnLoad:
     def _after_compile(self) -> None:
         """Called after a subclass' own ``compile`` returned (``CustomModel`` groups attribute optimizers)."""
 
-    def get_compile_config(self: Any) -> dict[str, Any]:
+    def get_compile_config(self) -> dict[str, Any]:
         """Keras' compile config, or the recorded arguments of a ``compile`` with its own signature."""
-        config: dict[str, Any] = super().get_compile_config()  # type: ignore[misc]
+        config: dict[str, Any] = super().get_compile_config()
         arguments = getattr(self, "_compile_arguments", None)
         if arguments is None or _binds(self.compile, keras.saving.deserialize_keras_object(config)):
             return config
         owner = f"{type(self).__name__}.compile argument"
         return {_COMPILE_ARGUMENTS: {k: serialize_argument(v, f"{owner} {k!r}") for k, v in arguments.items()}}
 
-    def compile_from_config(self: Any, config: dict[str, Any]) -> None:
+    def compile_from_config(self, config: dict[str, Any]) -> None:
         """Re-runs ``compile`` from :meth:`get_compile_config` (used by ``load_model``)."""
         if _COMPILE_ARGUMENTS in config:
             self.compile(**{k: deserialize_argument(v) for k, v in config[_COMPILE_ARGUMENTS].items()})
@@ -235,7 +236,7 @@ class RecompilesOnLoad:
             if not _binds(self.compile, config):
                 # A compile() of its own saved by Keras (not by CustomModel):
                 # Keras' behaviour, a warning that compile() must be called.
-                super().compile_from_config(config)  # type: ignore[misc]
+                super().compile_from_config(config)
                 return
             self.compile(**config)
         _compat.mark_built_if_complete(self)

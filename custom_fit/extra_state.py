@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from custom_fit import _compat
+from custom_fit._host import Host
 
 if not _compat.KERAS_2:  # a Keras 2 process never loads Keras 3
     from custom_fit._compat import keras3_only
@@ -36,7 +37,7 @@ _SEED_STATE_KEY = "seed_generator_state_"
 _UNTRACKED_KEY = "untracked_variable_"
 
 
-class SavesSeedGeneratorStates:
+class SavesSeedGeneratorStates(Host):
     """Saves and loads every ``SeedGenerator`` state with the model's own variables (Keras 3)."""
 
     def save_own_variables(self, store: Any) -> None:
@@ -47,20 +48,20 @@ class SavesSeedGeneratorStates:
         ``SeedGenerator``s (``Dropout`` masks, noise) are saved too, so a run
         resumed from a file continues exactly like an uninterrupted one.
         """
-        super().save_own_variables(store)  # type: ignore[misc]
+        super().save_own_variables(store)
         for i, state in enumerate(keras3_only.seed_generator_states(self)):
             store[f"{_SEED_STATE_KEY}{i}"] = state
 
     def load_own_variables(self, store: Any) -> None:
         """Loads what :meth:`save_own_variables` saved (files without seed states load too)."""
         keys = list(store.keys())  # a Keras weights store (an H5 group), not a dict
-        super().load_own_variables({k: store[k] for k in keys if not k.startswith(_SEED_STATE_KEY)})  # type: ignore[misc]
+        super().load_own_variables({k: store[k] for k in keys if not k.startswith(_SEED_STATE_KEY)})
         for i, state in enumerate(keras3_only.seed_generator_states(self)):
             if f"{_SEED_STATE_KEY}{i}" in keys:
                 state.assign(store[f"{_SEED_STATE_KEY}{i}"])
 
 
-class SavesUntrackedVariables:
+class SavesUntrackedVariables(Host):
     """Saves and loads the variables of layer attributes that Keras does not track, with the model's own.
 
     Every save path (``model.save``, ``save_weights``, ``ModelCheckpoint``,
@@ -72,13 +73,13 @@ class SavesUntrackedVariables:
     layer's position and the attribute's name.
     """
 
-    def save_own_variables(self: Any, store: Any) -> None:
+    def save_own_variables(self, store: Any) -> None:
         """Saves the model's own variables and the value of every untracked ``tf.Variable``."""
-        super().save_own_variables(store)  # type: ignore[misc]
+        super().save_own_variables(store)
         for untracked in _compat.untracked_variables(self):
             store[_untracked_key(untracked)] = untracked.variable.numpy()
 
-    def load_own_variables(self: Any, store: Any) -> None:
+    def load_own_variables(self, store: Any) -> None:
         """Loads what :meth:`save_own_variables` saved (files without such values load too).
 
         Raises:
@@ -88,7 +89,7 @@ class SavesUntrackedVariables:
         """
         keys = list(store.keys())  # a Keras weights store (an H5 group), not a dict
         saved = [k for k in keys if k.startswith(_UNTRACKED_KEY)]
-        super().load_own_variables({k: store[k] for k in keys if k not in saved})  # type: ignore[misc]
+        super().load_own_variables({k: store[k] for k in keys if k not in saved})
         present = {_untracked_key(u): u for u in _compat.untracked_variables(self)}
         missing = [k[len(_UNTRACKED_KEY) :].split("_", 1) for k in saved if k not in present]
         if missing:

@@ -32,6 +32,7 @@ from typing import Any, Literal, Protocol
 
 from custom_fit import _compat
 from custom_fit._compat import keras
+from custom_fit._host import Host
 from custom_fit.callbacks import LazyCallbackList
 from custom_fit.random_state import RandomState
 
@@ -69,7 +70,7 @@ class LoopCall:
     steered: bool = False
 
 
-class FitLoopHooks:
+class FitLoopHooks(Host):
     """Gives ``CustomModel`` Keras 3 ``fit``/``evaluate`` with lazy callbacks and steered epochs.
 
     Keras uses a ``CallbackList`` it is given as it is (one passed by the user
@@ -97,7 +98,7 @@ class FitLoopHooks:
         when their ``steps`` asks for fewer, so fusing the tuned number could
         change their results. ``get_compile_config()`` keeps ``"auto"``.
         """
-        tuner = self._steps_tuner  # type: ignore[attr-defined]
+        tuner = self._steps_tuner
         if tuner is None or (self._loop_calls and self._loop_calls[-1].kind != "fit"):
             return self._fixed_steps_per_execution
         return tuner.steps
@@ -108,24 +109,24 @@ class FitLoopHooks:
 
     @functools.wraps(keras.Model.fit)  # keeps Keras' signature and docstring for help() and inspect
     def fit(self, *args: Any, **kwargs: Any) -> Any:
-        arguments = _by_name(super().fit, args, kwargs)  # type: ignore[misc]
+        arguments = _by_name(super().fit, args, kwargs)
         call = LoopCall("fit", position=EpochPosition())
         arguments["callbacks"], call.callbacks = self._callback_list(arguments, add_history=True)
         with self._running(call):
-            return super().fit(**arguments)  # type: ignore[misc]
+            return super().fit(**arguments)
 
     @functools.wraps(keras.Model.evaluate)
     def evaluate(self, *args: Any, **kwargs: Any) -> Any:
-        arguments = _by_name(super().evaluate, args, kwargs)  # type: ignore[misc]
+        arguments = _by_name(super().evaluate, args, kwargs)
         call = LoopCall("evaluate")
         arguments["callbacks"], call.callbacks = self._callback_list(arguments, add_history=False)
         with self._running(call):
-            return super().evaluate(**arguments)  # type: ignore[misc]
+            return super().evaluate(**arguments)
 
     @functools.wraps(keras.Model.predict)
     def predict(self, *args: Any, **kwargs: Any) -> Any:
         with self._running(LoopCall("predict")):
-            return super().predict(*args, **kwargs)  # type: ignore[misc]
+            return super().predict(*args, **kwargs)
 
     @contextlib.contextmanager
     def _running(self, call: LoopCall) -> Iterator[LoopCall]:
@@ -167,7 +168,7 @@ class FitLoopHooks:
         if call.kind == "fit" and not call.steered:
             assert call.position is not None
             call.steered = True
-            tuner, fixed = self._steps_tuner, self._fixed_steps_per_execution  # type: ignore[attr-defined]
+            tuner, fixed = self._steps_tuner, self._fixed_steps_per_execution
             plan = tuner.plan if tuner is not None else lambda remaining: fixed
             keras3_only.steer_epoch_iterator(epoch_iterator, plan, call.position)
         elif call.kind == "evaluate":

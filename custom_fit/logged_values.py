@@ -15,6 +15,7 @@ from typing import Any
 
 from custom_fit import _compat
 from custom_fit._compat import keras
+from custom_fit._host import Host
 
 __all__ = ["LoggedValues", "LoggedValuesMixin", "flat_logs"]
 
@@ -48,7 +49,7 @@ class LoggedValues:
         return self._trackers[name]
 
 
-class LoggedValuesMixin:
+class LoggedValuesMixin(Host):
     """Gives ``CustomModel`` :attr:`logged_values`, :meth:`log_values` and the metrics they add."""
 
     #: Names of the values a custom step reports with :meth:`log_values`
@@ -59,7 +60,7 @@ class LoggedValuesMixin:
     #: that monitor them (``EarlyStopping(monitor="g_loss")`` needs no ``mode``).
     logged_values: Sequence[str] = ()
 
-    def log_values(self: Any, batch: Any, **values: Any) -> None:
+    def log_values(self, batch: Any, **values: Any) -> None:
         """Adds this batch's named values to their epoch means (see :attr:`logged_values`).
 
         Call it from a custom ``train_step`` / ``test_step`` and return
@@ -113,7 +114,7 @@ class LoggedValuesMixin:
             else:  # "loss": Keras' own tracker
                 self._add_to_loss_tracker(value, batch_size)
 
-    def _add_to_loss_tracker(self: Any, loss: Any, batch_size: Any) -> None:
+    def _add_to_loss_tracker(self, loss: Any, batch_size: Any) -> None:
         """Adds a batch's loss (in Keras' distribution convention) to Keras' ``loss`` tracker.
 
         The tracker sees the global mean (unscaled for distribution) weighted by
@@ -124,14 +125,14 @@ class LoggedValuesMixin:
         _compat.loss_tracker(self).update_state(_compat.unscale_loss_for_distribution(loss), sample_weight=batch_size)
 
     @property
-    def metrics(self: Any) -> list[Any]:
+    def metrics(self) -> list[Any]:
         """Keras' metrics, with the trackers of :attr:`logged_values` after ``loss``.
 
         A model compiled without a loss has a ``loss`` entry only once a step
         reported one (``CustomModel``'s own steps, ``compiled_loss``,
         ``log_values(loss=...)``), as on Keras 2; Keras 3 would log ``loss: 0``.
         """
-        metrics = super().metrics  # type: ignore[misc]
+        metrics = super().metrics
         if not _compat.is_compiled(self):
             return metrics
         loss_tracker = _compat.loss_tracker(self)
@@ -140,7 +141,7 @@ class LoggedValuesMixin:
         own: list[Any] = self._logged_value_trackers.metrics_entries
         return head + own + [m for m in metrics if m is not loss_tracker]
 
-    def get_metrics_result(self: Any) -> dict[str, Any]:
+    def get_metrics_result(self) -> dict[str, Any]:
         """The current value of every metric, as a flat dict.
 
         Unlike ``keras.Model``, compiled metrics that no step updated yet are
@@ -155,7 +156,7 @@ class LoggedValuesMixin:
             results.update(result if isinstance(result, dict) else {metric.name: result})
         return _compat.finish_metrics_result(results)
 
-    def _make_logged_value_trackers(self: Any) -> None:
+    def _make_logged_value_trackers(self) -> None:
         """Creates the trackers for :attr:`logged_values` (``compile()`` calls it)."""
         _compat.set_untracked(self, "_logged_value_trackers", LoggedValues.for_model(self))
 

@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from custom_fit import _compat
 from custom_fit._compat import keras
+from custom_fit._host import Host
 
 __all__ = [
     "DEFAULT_OPTIMIZER",
@@ -435,7 +436,7 @@ def group_attribute_optimizers(model: Any) -> None:
         model.optimizer = group
 
 
-class SavesOptimizerAssignment:
+class SavesOptimizerAssignment(Host):
     """Saves which model variables each named optimizer updates, and builds it from that on load.
 
     An optimizer's state (slots) can only be read into a built optimizer;
@@ -445,9 +446,9 @@ class SavesOptimizerAssignment:
     used to build them first.
     """
 
-    def save_own_variables(self: Any, store: Any) -> None:
+    def save_own_variables(self, store: Any) -> None:
         """Saves the model's own variables and the variable positions of each built named optimizer."""
-        super().save_own_variables(store)  # type: ignore[misc]
+        super().save_own_variables(store)
         group: Any = getattr(self, "optimizer", None)
         if not hasattr(group, "members_built_on"):
             return
@@ -456,11 +457,11 @@ class SavesOptimizerAssignment:
         for name, built_on in group.members_built_on(variables).items():
             store[f"{_OPTIMIZER_VARIABLES_KEY}{name}"] = np.array([positions[id(v)] for v in built_on], "int64")
 
-    def load_own_variables(self: Any, store: Any) -> None:
+    def load_own_variables(self, store: Any) -> None:
         """Loads the model's own variables, then builds the unbuilt named optimizers that were saved built."""
         names = list(store.keys())  # a Keras weights store (an H5 group), not a dict
         keys = [k for k in names if k.startswith(_OPTIMIZER_VARIABLES_KEY)]
-        super().load_own_variables({k: store[k] for k in names if k not in keys})  # type: ignore[misc]
+        super().load_own_variables({k: store[k] for k in names if k not in keys})
         group: Any = getattr(self, "optimizer", None)
         if not keys or not hasattr(group, "build_member"):
             return

@@ -16,16 +16,17 @@ from typing import Any
 import tensorflow as tf
 
 from custom_fit import _compat, distribution
+from custom_fit._host import Host
 from custom_fit.logged_values import flat_logs
 from custom_fit.optimizers import NamedOptimizers
 
 __all__ = ["StepFunctions"]
 
 
-class StepFunctions:
+class StepFunctions(Host):
     """Gives ``CustomModel`` the ``make_*_function`` methods Keras' ``fit``/``evaluate``/``predict`` call."""
 
-    def make_train_function(self: Any, force: bool = False) -> Callable[..., Any]:
+    def make_train_function(self, force: bool = False) -> Callable[..., Any]:
         """Builds ``self.train_function`` around ``train_step`` (logs flattened, step checked).
 
         Both Kerases call it at the start of ``fit``, before any callback. A
@@ -40,7 +41,7 @@ class StepFunctions:
             self.train_function = distribution.explain_merge_call_errors(self, function)
         return self.train_function
 
-    def make_test_function(self: Any, force: bool = False) -> Callable[..., Any]:
+    def make_test_function(self, force: bool = False) -> Callable[..., Any]:
         """Builds ``self.test_function`` around ``test_step`` (logs flattened)."""
         if self.test_function is None or force:
             tuner = self._steps_tuner  # the number of steps may change between executions
@@ -48,7 +49,7 @@ class StepFunctions:
             self.test_function = _compat.make_step_function(self, step, training=False, tuner=tuner)
         return self.test_function
 
-    def make_predict_function(self: Any, force: bool = False) -> Callable[..., Any]:
+    def make_predict_function(self, force: bool = False) -> Callable[..., Any]:
         """Builds ``self.predict_function`` around ``predict_step`` (Keras' own loop, XLA errors explained).
 
         Keras builds a function that runs one step per call when
@@ -61,12 +62,12 @@ class StepFunctions:
         steps = _steps_per_execution(self)
         built_for_one_step = getattr(self, "_predict_function_steps", None) == 1
         if self.predict_function is None or force or (built_for_one_step and steps > 1):
-            super().make_predict_function(force=True)  # type: ignore[misc]
+            super().make_predict_function(force=True)
             self.predict_function = _compat.explain_xla_errors(self, self.predict_function)
             _compat.set_untracked(self, "_predict_function_steps", steps)
         return self.predict_function
 
-    def _checked_train_step(self: Any, data: Any) -> Any:
+    def _checked_train_step(self, data: Any) -> Any:
         """``train_step``, traced under the model's ``StepDiagnostics``; counts steps of named optimizers.
 
         Under a ``tf.distribute`` strategy, variables the step creates (an
@@ -82,7 +83,7 @@ class StepFunctions:
             self.optimizer.count_step()
         return logs
 
-    def _build_optimizer_while_tracing(self: Any) -> None:
+    def _build_optimizer_while_tracing(self) -> None:
         """Creates the compiled optimizer's state on every trainable variable, in the step's first trace.
 
         Keras creates it at the same moment: lazily, in the first
@@ -103,7 +104,7 @@ class StepFunctions:
             with tf.init_scope():
                 self.optimizer.build(self.trainable_variables)
 
-    def _test_step_in_replica(self: Any, data: Any) -> Any:
+    def _test_step_in_replica(self, data: Any) -> Any:
         """``test_step``; variables it creates under a strategy are created outside the replica context."""
         with distribution.variables_created_outside_replicas():
             return self.test_step(data)

@@ -51,6 +51,7 @@ from custom_fit._compat.common import (
     skippable_aggregation,
     variable_names_without_model,
 )
+from custom_fit._host import Host
 
 __all__ = [
     "BACKUP_WEIGHTS_FILE",
@@ -559,30 +560,30 @@ share_registered_name = sharing_registered_names(_registration._GLOBAL_CUSTOM_NA
 # --------------------------------------------------------------------------
 
 
-class TrainerHooks:
+class TrainerHooks(Host):
     """Overrides of private ``tf_keras`` ``Model`` methods; ``CustomModel`` inherits it first."""
 
     @functools.wraps(keras.Model.fit)
-    def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def fit(self, *args: Any, **kwargs: Any) -> Any:
         with _arrays_without_autotuning(_data_adapter):
-            return super().fit(*args, **kwargs)  # type: ignore[misc]
+            return super().fit(*args, **kwargs)
 
     @functools.wraps(keras.Model.evaluate)
-    def evaluate(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def evaluate(self, *args: Any, **kwargs: Any) -> Any:
         with _arrays_without_autotuning(_data_adapter):
-            return super().evaluate(*args, **kwargs)  # type: ignore[misc]
+            return super().evaluate(*args, **kwargs)
 
     @functools.wraps(keras.Model.predict)
-    def predict(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def predict(self, *args: Any, **kwargs: Any) -> Any:
         with _arrays_without_autotuning(_data_adapter):
-            return super().predict(*args, **kwargs)  # type: ignore[misc]
+            return super().predict(*args, **kwargs)
 
-    def _assert_compile_was_called(self: Any) -> None:
+    def _assert_compile_was_called(self) -> None:
         # Keras 2's message names neither the method, the model nor the fix.
         if not self._is_compiled:
             raise not_compiled_error(self, sys._getframe(1).f_code.co_name)  # fit, evaluate, train_on_batch, ...
 
-    def get_config(self: Any) -> dict[str, Any]:
+    def get_config(self) -> dict[str, Any]:
         # Keras 2 writes a functional config only when `__init__`'s arguments
         # are literally (inputs, outputs, name, trainable); CustomModel's are
         # (*args, **kwargs) and still rebuild a functional model from it.
@@ -591,22 +592,22 @@ class TrainerHooks:
         if functional and (cls_init.varargs, cls_init.varkw) == ("args", "kwargs"):
             base = {"name": self.name, "trainable": self.trainable}
             return copy.deepcopy(_functional.get_network_config(self, config=base))
-        return super().get_config()  # type: ignore[misc]
+        return super().get_config()
 
-    def _maybe_load_initial_counters_from_ckpt(self: Any, steps_per_epoch: int, initial_epoch: int) -> Any:
+    def _maybe_load_initial_counters_from_ckpt(self, steps_per_epoch: int, initial_epoch: int) -> Any:
         # tf_keras' fit asks this after `on_train_begin` where to start; its
         # own BackupAndRestore answers through a multi-worker training state.
         epoch = getattr(self, "_custom_fit_initial_epoch", None)
         if epoch is not None:
             return epoch, 0
-        return super()._maybe_load_initial_counters_from_ckpt(steps_per_epoch, initial_epoch)  # type: ignore[misc]
+        return super()._maybe_load_initial_counters_from_ckpt(steps_per_epoch, initial_epoch)
 
-    def _get_optimizer(self: Any, optimizer: Any) -> Any:
+    def _get_optimizer(self, optimizer: Any) -> Any:
         # Keras 2 wraps every compiled optimizer in a LossScaleOptimizer under
         # mixed_float16; a group of named optimizers wraps its members instead.
         if optimizer is None or getattr(optimizer, "is_optimizer_group", False):
             return optimizer  # None: a subclass compile() that manages its own optimizers
-        return super()._get_optimizer(optimizer)  # type: ignore[misc]
+        return super()._get_optimizer(optimizer)
 
 
 # --------------------------------------------------------------------------

@@ -41,6 +41,7 @@ from custom_fit._compat.common import (
     skippable_aggregation,
     variable_names_without_model,
 )
+from custom_fit._host import Host
 
 __all__ = [
     "BACKUP_WEIGHTS_FILE",
@@ -490,22 +491,22 @@ share_registered_name = sharing_registered_names(_registration.GLOBAL_CUSTOM_NAM
 # --------------------------------------------------------------------------
 
 
-class TrainerHooks:
+class TrainerHooks(Host):
     """Overrides of private ``Trainer`` methods; ``CustomModel`` inherits it before ``keras.Model``."""
 
-    def _assert_compile_called(self: Any, method_name: str | None = None) -> None:
+    def _assert_compile_called(self, method_name: str | None = None) -> None:
         # Keras' own message does not name the method or the fix (and its
         # ``method_name`` branch is dead code in Keras 3.15).
         if not self.compiled:
             raise not_compiled_error(self, method_name)
 
-    def _epoch_iterator_made(self: Any, epoch_iterator: Any) -> None:
+    def _epoch_iterator_made(self, epoch_iterator: Any) -> None:
         """Called with each epoch iterator ``fit`` and ``evaluate`` make, before any callback runs.
 
         Does nothing here; :class:`custom_fit.fit_loop.FitLoopHooks` overrides it.
         """
 
-    def _maybe_symbolic_build(self: Any, iterator: Any = None, data_batch: Any = None) -> None:
+    def _maybe_symbolic_build(self, iterator: Any = None, data_batch: Any = None) -> None:
         # Called by fit/evaluate/*_on_batch before anything is built; a model
         # that is never called itself must not be built symbolically below.
         mark_built_if_complete(self)

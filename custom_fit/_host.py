@@ -1,0 +1,124 @@
+"""The model custom_fit's mixins are mixed into, as type checkers see it.
+
+``CustomModel`` is ``keras.Model`` with mixins in front of it (``FitLoopHooks``,
+``StepFunctions``, ``LoggedValuesMixin``, ...). Each mixin derives from
+:data:`Host`: :class:`ModelHost` while type checking, ``object`` at run time
+(so the method resolution order is the mixins', then Keras'). mypy thereby
+checks what each mixin reads and calls on ``self``: Keras' model API (Keras
+ships no type information, so those are ``Any``), and the state and methods
+custom_fit adds to the model, with their types. A mixin's ``super().fit(...)``
+resolves to the Keras method declared here.
+
+Nothing in this module is public API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from custom_fit.diagnostics import StepDiagnostics
+    from custom_fit.logged_values import LoggedValues
+    from custom_fit.step_fusion import StepsPerExecutionTuner
+
+__all__ = ["Host", "ModelHost"]
+
+
+class ModelHost:
+    """What custom_fit's mixins use of the model (never instantiated; see the module docstring)."""
+
+    # -- Keras' model (Keras 3 or tf_keras), as the mixins use it -----------------------
+
+    name: str
+    built: bool
+    trainable: bool
+    optimizer: Any
+    layers: list[Any]
+    trainable_variables: list[Any]
+    trainable_weights: list[Any]
+    distribute_strategy: Any
+    train_function: Any
+    test_function: Any
+    predict_function: Any
+
+    @property
+    def metrics(self) -> Any: ...
+
+    def fit(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def evaluate(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def predict(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def compile(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def train_step(self, data: Any) -> Any: ...
+
+    def test_step(self, data: Any) -> Any: ...
+
+    def make_predict_function(self, force: bool = False) -> Any: ...
+
+    def get_config(self) -> Any: ...
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> Any: ...
+
+    def get_build_config(self) -> Any: ...
+
+    def build_from_config(self, config: dict[str, Any]) -> Any: ...
+
+    def get_compile_config(self) -> Any: ...
+
+    def compile_from_config(self, config: dict[str, Any]) -> Any: ...
+
+    def save_own_variables(self, store: Any) -> Any: ...
+
+    def load_own_variables(self, store: Any) -> Any: ...
+
+    def add_weight(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    # Private trainer state and methods custom_fit reads or overrides (Keras 3, then tf_keras).
+
+    compiled: bool
+    _distribute_strategy: Any
+    _is_compiled: bool
+
+    def call(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def _symbolic_build(self, data_batch: Any = None) -> Any: ...
+
+    def _maybe_load_initial_counters_from_ckpt(self, steps_per_epoch: int, initial_epoch: int) -> Any: ...
+
+    def _get_optimizer(self, optimizer: Any) -> Any: ...
+
+    # -- what custom_fit adds to the model ----------------------------------------------
+
+    #: The tuner of ``compile(steps_per_execution="auto")``, else ``None`` (``CustomModel.__init__``).
+    _steps_tuner: StepsPerExecutionTuner | None
+    #: Records the training step while it is traced and warns about misuse (``CustomModel.__init__``).
+    _diagnostics: StepDiagnostics
+    #: The trackers of ``logged_values`` (``compile``).
+    _logged_value_trackers: LoggedValues
+    #: Names a step may log with ``log_values`` (a class attribute).
+    logged_values: Sequence[str]
+    #: Whether gradients are summed across replicas before they are transformed (``compile``).
+    clip_after_aggregation: bool
+
+    def minimize(self, loss: Any, tape: Any, variables: Iterable[Any], optimizer: Any = None) -> None: ...
+
+    def log_values(self, batch: Any, **values: Any) -> None: ...
+
+    def get_metrics_result(self) -> Any: ...
+
+    def _add_to_loss_tracker(self, loss: Any, batch_size: Any) -> None: ...
+
+    def _after_compile(self) -> None: ...
+
+    def _epoch_iterator_made(self, epoch_iterator: Any) -> None: ...
+
+
+if TYPE_CHECKING:
+    Host = ModelHost
+else:
+    Host = object
