@@ -1,7 +1,7 @@
 """``compile(steps_per_execution="auto")``: how many steps each execution fuses, tuned during ``fit``.
 
 Fusing steps (running several in one ``tf.function`` call) removes Python and
-callback overhead per step, often 2-3x on small models; the best number
+callback overhead per step (how much: docs/performance.md); the best number
 depends on the model, the batch and the machine, so nobody picks it well by
 hand. With ``"auto"``, :class:`StepsPerExecutionTuner` chooses it while ``fit``
 runs: it measures steps per second over windows of executions that end on
@@ -119,6 +119,16 @@ class StepsPerExecutionTuner:
         self._source: Callable[[], object] = lambda: None  # the previous execution's data iterator
         self._window: list[float] = []
         self._window_start = 0.0
+
+    @property
+    def rates(self) -> dict[int, float]:
+        """The best measured steps per second for each number of fused steps tried (a copy)."""
+        return dict(self._rates)
+
+    @property
+    def settled(self) -> bool:
+        """Whether the tuner keeps its choice (until ``reprobe_seconds`` pass) rather than climbing."""
+        return self._settled_at is not None
 
     def plan(self, remaining: int | None) -> int:
         """Decides the next execution: the current choice, at most ``remaining`` steps (``None``: unknown).

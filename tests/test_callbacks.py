@@ -36,33 +36,34 @@ def train(base, verbose=0, callbacks=(), epochs=2, x=DATA["x"], **fit_kwargs):
     return model, history.history, output.getvalue()
 
 
-class CountsConversions:
-    """Counts the log values LazyLogs turns into Python numbers."""
+class KeepsBatchLogs(keras.callbacks.Callback):
+    """Keeps each training batch's logs object and reads the keys in ``reads`` from it."""
 
-    def __init__(self, monkeypatch):
-        self.count = 0
-        convert = custom_fit.callbacks._python_value
+    def __init__(self, reads=()):
+        super().__init__()
+        self.reads, self.logs, self.seen = reads, [], []
 
-        def counting(value):
-            self.count += 1
-            return convert(value)
+    def on_train_batch_end(self, batch, logs=None):
+        self.logs.append(logs)
+        self.seen += [logs[key] for key in self.reads]
 
-        monkeypatch.setattr(custom_fit.callbacks, "_python_value", counting)
-
-
-def test_no_log_value_is_read_per_step_when_no_callback_needs_it(monkeypatch):
-    conversions = CountsConversions(monkeypatch)
-    train(custom_fit.CustomModel, verbose=0, callbacks=[keras.callbacks.EarlyStopping(patience=5)])
-    assert conversions.count == 0, "batch logs were converted although no callback reads them"
+    def converted(self):
+        """The keys of each batch's logs whose values became Python numbers (a tensor is left alone)."""
+        return [sorted(k for k, v in logs.raw().items() if isinstance(v, float)) for logs in self.logs]
 
 
-def test_a_callback_that_reads_one_value_converts_that_value_only(monkeypatch):
-    seen = []
-    conversions = CountsConversions(monkeypatch)
-    reads_loss = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: seen.append(logs["loss"]))
-    train(custom_fit.CustomModel, callbacks=[reads_loss])
-    assert len(seen) == 2 * 7 and all(isinstance(v, float) for v in seen)
-    assert conversions.count == len(seen)
+def test_no_log_value_is_read_per_step_when_no_callback_needs_it():
+    kept = KeepsBatchLogs()
+    train(custom_fit.CustomModel, verbose=0, callbacks=[keras.callbacks.EarlyStopping(patience=5), kept])
+    assert len(kept.logs) == 2 * 7 and all(isinstance(logs, custom_fit.callbacks.LazyLogs) for logs in kept.logs)
+    assert kept.converted() == [[]] * len(kept.logs), "batch logs were converted although no callback reads them"
+
+
+def test_a_callback_that_reads_one_value_converts_that_value_only():
+    kept = KeepsBatchLogs(reads=["loss"])
+    train(custom_fit.CustomModel, callbacks=[kept])
+    assert len(kept.seen) == 2 * 7 and all(isinstance(v, float) for v in kept.seen)
+    assert kept.converted() == [["loss"]] * len(kept.logs)
 
 
 def test_callbacks_reading_batch_logs_see_every_value_of_keras_model():

@@ -142,7 +142,7 @@ def test_auto_survives_save_and_load(tmp_path):
     model.save(tmp_path / "m.keras")
     loaded = keras.models.load_model(tmp_path / "m.keras")
     assert loaded.get_compile_config()["steps_per_execution"] == "auto"
-    assert isinstance(loaded._steps_tuner, StepsPerExecutionTuner)
+    assert isinstance(loaded.steps_tuner, StepsPerExecutionTuner)
     loaded.fit(X, Y, batch_size=16, epochs=1, verbose=0)
 
 
@@ -168,7 +168,7 @@ def test_tuner_climbs_while_fusing_pays_and_settles_on_the_best():
     # Per-step overhead of 10 ms is amortized by fusing; above 16 steps each step gets slower.
     run(tuner, clock, lambda steps: 0.001 if steps <= 16 else 0.003, executions=100)
     assert tuner.steps == 16
-    assert tuner._settled_at is not None
+    assert tuner.settled
 
 
 def test_tuner_climbs_a_plateau_while_executions_are_short():
@@ -180,12 +180,12 @@ def test_tuner_climbs_a_plateau_while_executions_are_short():
     clock = FakeClock()
     tuner = StepsPerExecutionTuner(max_steps=256, window_executions=4, window_seconds=0.0, clock=clock)
     run(tuner, clock, lambda steps: 0.020, executions=60, overhead=0.003)
-    assert (tuner.steps, sorted(tuner._rates)) == (16, [1, 2, 4, 8, 16, 32])
+    assert (tuner.steps, sorted(tuner.rates)) == (16, [1, 2, 4, 8, 16, 32])
     # Doubling that measurably hurts is undone even while executions are short.
     clock = FakeClock()
     tuner = StepsPerExecutionTuner(max_steps=256, window_executions=4, window_seconds=0.0, clock=clock)
     run(tuner, clock, lambda steps: 0.020 if steps < 4 else 0.025, executions=60, overhead=0.003)
-    assert (tuner.steps, sorted(tuner._rates)) == (2, [1, 2, 4])
+    assert (tuner.steps, sorted(tuner.rates)) == (2, [1, 2, 4])
 
 
 def test_tuner_reprobes_after_a_while_and_stays_capped():
