@@ -63,11 +63,8 @@ def dataset_without_autotuning(dataset: Any) -> Any:
     build from arrays. With TensorFlow 2.21, deleting an autotuned ``tf.data``
     iterator sometimes blocks until the autotuning thread wakes from a sleep
     that grows with the iterator's age, and ``fit`` deletes one at the end of
-    every epoch. Measured on the project's 2-core machine, deleting the
-    iterator of Keras 3's array pipeline blocked for 0.4-0.6 s after 6 of 72
-    epochs of 0.65 s and for 1.9 s after 1 of 6 epochs of 3.2 s (tf_keras':
-    2 of 70, 0.58 s); with autotuning off, 0 of 42 did (TensorFlow 2.19 with
-    Keras 3.8: 0 of 42 with autotuning on).
+    every epoch (measurements: docs/performance.md, "Measurements behind
+    design choices").
 
     Autotuning only sizes a pipeline's parallelism and prefetch buffers.
     Without it, a parallel ``map`` keeps the parallelism it starts with and

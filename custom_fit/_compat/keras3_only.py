@@ -144,8 +144,8 @@ def steer_epoch_iterator(epoch_iterator: Any, plan: Callable[[int | None], int],
     At the end of each epoch Keras makes the next epoch's iterator; without
     ``steps_per_epoch`` the next epoch makes its own and drops that one
     unread. For arrays (``ArrayDataAdapter``), whose pipeline ``fit`` builds
-    for itself, it is not made: making it would only cost time (18 ms for the
-    benchmark's CNN data, plus the batches it prefetches), since every
+    for itself, it is not made: making it would only cost time (see
+    docs/performance.md) and the batches it prefetches, since every
     iterator of that pipeline draws its shuffle afresh from the same seed.
     A ``tf.data.Dataset`` the user passed gets it as in Keras: each iterator
     of a seeded, reshuffling dataset draws the next order, so the epochs of a
