@@ -1,4 +1,4 @@
-"""The README's code runs as printed, and its excerpt of the step matches the source."""
+"""The code blocks of the README and the docs run as printed, and the excerpts of the step match the source."""
 
 from __future__ import annotations
 
@@ -15,23 +15,36 @@ from custom_fit import keras
 
 pytestmark = pytest.mark.keras3  # the README's examples are written for Keras 3 (`import keras`)
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
-# Each tested block follows a `<!-- block: NAME -->` line.
-BLOCKS = dict(re.findall(r"<!-- block: ([\w-]+) -->\n```python\n(.*?)```", README.read_text(), flags=re.S))
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+# Each tested block follows a `<!-- block: NAME -->` line, in the README or a docs page.
+FOUND = [
+    (name, page.relative_to(ROOT).as_posix(), code)
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    for name, code in re.findall(r"<!-- block: ([\w-]+) -->\n```python\n(.*?)```", page.read_text(), flags=re.S)
+]
+BLOCKS = {name: code for name, _, code in FOUND}
 EXPECTED = {
-    "quickstart",
-    "train-step",
-    "minimize-body",
-    "override-examples",
-    "keras2-step",
-    "gan-step",
-    "scaling",
-    "backup",
+    "quickstart": "README.md",
+    "train-step": "README.md",
+    "gan-step": "README.md",
+    "minimize-body": "docs/step.md",
+    "override-examples": "docs/step.md",
+    "keras2-step": "docs/keras2_style.md",
+    "scaling": "docs/scaling.md",
+    "backup": "docs/saving.md",
 }
 
 
-def test_every_named_block_is_found():
-    assert set(BLOCKS) == EXPECTED
+def test_every_named_block_is_found_once_where_expected():
+    assert sorted((name, page) for name, page, _ in FOUND) == sorted(EXPECTED.items())
+
+
+def test_the_readme_is_a_front_door():
+    """At most about 12 KB: what it is, the two commands, quick start, step, GAN, versions, differences, links."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.encode()) <= 13_500
+    for page in re.findall(r"\]\((docs/[\w.]+\.md)", readme):
+        assert (ROOT / page).is_file(), page
 
 
 def body(function) -> str:
@@ -130,3 +143,16 @@ def test_gan_example_trains():
     )
     assert sorted(history.history) == ["d_loss", "g_loss"]
     assert int(model.optimizer["generator"].iterations) == int(model.optimizer["discriminator"].iterations) == 8
+
+
+def test_the_docs_quick_start_is_the_readmes():
+    assert "```python\n" + BLOCKS["quickstart"] + "```" in (ROOT / "docs" / "index.md").read_text()
+
+
+def test_every_public_name_is_in_the_api_reference():
+    api = (ROOT / "docs" / "api.md").read_text()
+    constants = {"KERAS_2", "KERAS_VERSION", "__version__", "keras"}  # described in prose
+    for name in set(custom_fit.__all__) - constants:
+        assert f"::: custom_fit.{name}\n" in api, name
+    for name in constants:
+        assert f"`custom_fit.{name}`" in api, name
