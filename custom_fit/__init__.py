@@ -18,7 +18,7 @@ Example:
     >>> _ = model.fit(np.zeros((4, 2)), np.zeros((4, 1)), verbose=0)
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "GAN",
