@@ -218,11 +218,14 @@ class RecompilesOnLoad(Host):
     def _after_compile(self) -> None:
         """Called after a subclass' own ``compile`` returned (``CustomModel`` groups attribute optimizers)."""
 
-    def get_compile_config(self) -> dict[str, Any]:
-        """Keras' compile config, or the recorded arguments of a ``compile`` with its own signature."""
-        config: dict[str, Any] = super().get_compile_config()
+    def get_compile_config(self) -> dict[str, Any] | None:
+        """Keras' compile config, or the recorded arguments of a ``compile`` with its own signature.
+
+        ``None`` before ``compile``, as in Keras.
+        """
+        config = super().get_compile_config()
         arguments = getattr(self, "_compile_arguments", None)
-        if arguments is None or _binds(self.compile, keras.saving.deserialize_keras_object(config)):
+        if config is None or arguments is None or _binds(self.compile, keras.saving.deserialize_keras_object(config)):
             return config
         owner = f"{type(self).__name__}.compile argument"
         return {_COMPILE_ARGUMENTS: {k: serialize_argument(v, f"{owner} {k!r}") for k, v in arguments.items()}}
