@@ -35,7 +35,6 @@ from custom_fit._compat import keras
 from custom_fit._host import Host
 from custom_fit.callbacks import LazyCallbackList
 from custom_fit.random_state import RandomState
-from custom_fit.step_fusion import StepsPerExecutionTuner
 
 if not _compat.KERAS_2:  # a Keras 2 process never loads Keras 3
     from custom_fit._compat import keras3_only
@@ -107,16 +106,6 @@ class FitLoopHooks(Host):
     @steps_per_execution.setter
     def steps_per_execution(self, value: int) -> None:
         _compat.set_untracked(self, "_fixed_steps_per_execution", value)  # Keras sets it in __init__ and compile
-
-    @property
-    def steps_tuner(self) -> StepsPerExecutionTuner | None:
-        """The tuner behind ``compile(steps_per_execution="auto")``, else ``None``.
-
-        Read-only; to choose the tuner's settings, pass one to ``compile``:
-        ``compile(steps_per_execution=StepsPerExecutionTuner(max_steps=16))``.
-        Its ``steps`` is what fit fuses now and ``rates`` what it measured.
-        """
-        return self._steps_tuner
 
     @functools.wraps(keras.Model.fit)  # keeps Keras' signature and docstring for help() and inspect
     def fit(self, *args: Any, **kwargs: Any) -> Any:

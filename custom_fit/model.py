@@ -163,6 +163,16 @@ class CustomModel(
         if clip_after_aggregation:
             _compat.record_compile_option(self, "clip_after_aggregation", True)
 
+    @property
+    def steps_tuner(self) -> step_fusion.StepsPerExecutionTuner | None:
+        """The tuner behind ``compile(steps_per_execution="auto")``, else ``None``.
+
+        Read-only; to choose the tuner's settings, pass one to ``compile``:
+        ``compile(steps_per_execution=StepsPerExecutionTuner(max_steps=16))``.
+        Its ``steps`` is what ``fit`` fuses now and ``rates`` what it measured.
+        """
+        return self._steps_tuner
+
     def _after_compile(self) -> None:
         """After any ``compile``: optimizers kept as attributes become ``model.optimizer`` (named)."""
         optimizers.group_attribute_optimizers(self)
