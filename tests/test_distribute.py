@@ -339,7 +339,10 @@ def test_plain_keras_cannot_train_existing_code_under_mirrored_strategy(mirrored
     }
     assert "Unable to automatically build the model" in failures["wgan_gp"]  # no `call`: symbolic build fails
     assert "Unable to automatically build the model" in failures["distiller"]
-    assert "cond/Placeholder" in failures["cyclegan"]  # attribute optimizers build inside the replica context
+    if keras3_older_than(3, 16):
+        assert "cond/Placeholder" in failures["cyclegan"]  # attribute optimizers build inside the replica context
+    else:  # keras-team/keras#23087: Keras 3.16's optimizers create their variables under init_scope
+        assert "cyclegan" not in failures
 
 
 @pytest.mark.xdist_group("mirrored_existing_code")
