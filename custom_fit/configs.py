@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -104,6 +105,25 @@ def serialize_argument(value: Any, owner: str) -> Any:
         ) from error
 
 
+def _serialize_arguments(arguments: Mapping[str, Any], owner: str) -> dict[str, Any]:
+    """:func:`serialize_argument` of each argument; ``owner`` is e.g. ``"MyGAN.compile argument"``."""
+    return {name: serialize_argument(value, f"{owner} {name!r}") for name, value in arguments.items()}
+
+
+def _saved_as_keras_saves(error: NotImplementedError, keras_config: Any, what: str) -> Any:
+    """Keras' own ``keras_config`` where custom_fit cannot serialize arguments: never fail where Keras saves.
+
+    Warns (``error`` names the argument and the fix) that ``load_model`` will
+    not rebuild ``what`` from the file, as with ``keras.Model``.
+    """
+    warnings.warn(
+        f"{error} Saved Keras' own {what} instead, as keras.Model does: load_model will not rebuild the "
+        "model from these arguments.",
+        stacklevel=3,
+    )
+    return keras_config
+
+
 def deserialize_argument(value: Any, custom_objects: Any = None) -> Any:
     """Inverse of :func:`serialize_argument`."""
     if isinstance(value, list):
@@ -147,8 +167,12 @@ class ConfigFromConstructor(Host):
             return super().get_config()
         base = {"name": self.name, "trainable": self.trainable}
         config = {k: v for k, v in base.items() if _accepts(type(self).__init__, k)}
-        owner = f"{type(self).__name__}.__init__ argument"
-        config.update({name: serialize_argument(value, f"{owner} {name!r}") for name, value in arguments.items()})
+        try:
+            config.update(_serialize_arguments(arguments, f"{type(self).__name__}.__init__ argument"))
+        except NotImplementedError as error:
+            if not _compat.SAVES_UNCONFIGURABLE_MODELS:  # Keras 3 raises too (less clearly)
+                raise
+            return _saved_as_keras_saves(error, super().get_config(), "config")
         return config
 
     @classmethod
@@ -225,31 +249,37 @@ class RecompilesOnLoad(Host):
         """
         config = super().get_compile_config()
         arguments = getattr(self, "_compile_arguments", None)
-        if config is None or arguments is None or _binds(self.compile, keras.saving.deserialize_keras_object(config)):
+        if config is None or arguments is None or _binds(self.compile, config):
             return config
-        owner = f"{type(self).__name__}.compile argument"
-        return {_COMPILE_ARGUMENTS: {k: serialize_argument(v, f"{owner} {k!r}") for k, v in arguments.items()}}
+        try:
+            return {_COMPILE_ARGUMENTS: _serialize_arguments(arguments, f"{type(self).__name__}.compile argument")}
+        except NotImplementedError as error:  # Keras saves its own config (and warns at load)
+            return _saved_as_keras_saves(error, config, "compile config")
 
     def compile_from_config(self, config: dict[str, Any]) -> None:
         """Re-runs ``compile`` from :meth:`get_compile_config` (used by ``load_model``)."""
         if _COMPILE_ARGUMENTS in config:
             self.compile(**{k: deserialize_argument(v) for k, v in config[_COMPILE_ARGUMENTS].items()})
+        elif not _binds(self.compile, config):
+            # A compile() of its own saved by Keras (not by CustomModel):
+            # Keras' behaviour, a warning that compile() must be called.
+            super().compile_from_config(config)
+            return
         else:
-            config = keras.saving.deserialize_keras_object(config)
-            if not _binds(self.compile, config):
-                # A compile() of its own saved by Keras (not by CustomModel):
-                # Keras' behaviour, a warning that compile() must be called.
-                super().compile_from_config(config)
-                return
-            self.compile(**config)
+            self.compile(**keras.saving.deserialize_keras_object(config))
         _compat.mark_built_if_complete(self)
         if self.optimizer is not None and self.built:
             self.optimizer.build(self.trainable_variables)
 
 
-def _binds(function: Callable[..., Any], config: Any) -> bool:
+def _binds(function: Callable[..., Any], config: Mapping[str, Any]) -> bool:
+    """Whether ``function`` takes every key of ``config`` as a keyword argument.
+
+    Only the keys are read: a serialized config's values are not deserialized,
+    so user functions (``metrics=[my_metric]``) need no registration to save.
+    """
     try:
-        inspect.signature(function).bind(**config)
+        inspect.signature(function).bind(**dict.fromkeys(config))
     except TypeError:
         return False
     return True

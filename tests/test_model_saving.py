@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from typing import Any
 
@@ -377,3 +378,174 @@ def test_random_generator_states_are_saved_and_loaded(tmp_path):
     state = model.layers[0].rng.state.numpy()
     assert (loaded.layers[0].rng.state.numpy() == state).all()
     assert not (GeneratorNoise().rng.state.numpy() == state).all()
+
+
+# --------------------------------------------------------------------------
+# Saving never fails where keras.Model saves
+# --------------------------------------------------------------------------
+
+
+def user_abs_error(y_true, y_pred):
+    """A user metric: a plain function, not registered (keras.io EDSR's PSNR)."""
+    return tf.reduce_mean(tf.abs(tf.cast(y_true, y_pred.dtype) - y_pred))
+
+
+def user_squared_error(y_true, y_pred):
+    """A user loss: a plain function, not registered."""
+    return tf.reduce_mean(tf.square(tf.cast(y_true, y_pred.dtype) - y_pred))
+
+
+USER_FUNCTIONS = {"user_abs_error": user_abs_error, "user_squared_error": user_squared_error}
+USER_FUNCTION_COMPILES: dict[str, dict[str, Any]] = {
+    "metric": dict(optimizer="adam", loss="mse", metrics=[user_abs_error]),
+    "loss": dict(optimizer="adam", loss=user_squared_error),
+}
+
+
+def regressor(base):
+    inputs = keras.Input((parity.N_FEATURES,))
+    return base(inputs, keras.layers.Dense(1)(keras.layers.Dense(8, activation="relu")(inputs)))
+
+
+@pytest.mark.parametrize("compiled_with", list(USER_FUNCTION_COMPILES))
+def test_save_with_user_functions_in_compile_loads_as_keras_does(compiled_with, tmp_path):
+    """Fails on 7a9ee83: `CustomModel.save` deserialized the compile config and needed the function registered."""
+    y = DATA["y"].astype("float32")[:, None]
+    trained = {}
+    for base in (keras.Model, custom_fit.CustomModel):
+        keras.utils.set_random_seed(SEED)
+        model = regressor(base)
+        model.compile(**USER_FUNCTION_COMPILES[compiled_with])
+        model.fit(DATA["x"], y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+        path = tmp_path / f"{base.__name__}.keras"
+        model.save(path)
+        # Without custom_objects both fail the same way, naming the function.
+        with pytest.raises(TypeError, match=r"user_squared_error|user_abs_error"):
+            keras.models.load_model(path)
+        loaded = keras.models.load_model(path, custom_objects=USER_FUNCTIONS)
+        assert isinstance(loaded, base)
+        np.testing.assert_array_equal(loaded.predict(DATA["x_val"], verbose=0), model.predict(DATA["x_val"], verbose=0))
+        history = loaded.fit(DATA["x"], y, batch_size=16, epochs=1, shuffle=False, verbose=0).history
+        trained[base] = (history, [w.numpy() for w in loaded.weights])
+    keras_history, keras_weights = trained[keras.Model]
+    custom_history, custom_weights = trained[custom_fit.CustomModel]
+    assert custom_history == keras_history  # recompiled with the user's function: same loss, same metric
+    for expected, got in zip(keras_weights, custom_weights, strict=True):
+        np.testing.assert_array_equal(got, expected)
+
+
+class KerasIoGAN(custom_fit.CustomModel):
+    """The keras.io GAN's shape: sub-models in ``__init__``, a ``compile`` of its own, optimizers as attributes."""
+
+    def __init__(self, discriminator, generator, **kwargs):
+        super().__init__(**kwargs)
+        self.discriminator = discriminator
+        self.generator = generator
+
+    def compile(self, d_optimizer, g_optimizer, loss_fn):  # type: ignore[override]  # keras.io's signature
+        super().compile()
+        self.d_optimizer = d_optimizer
+        self.g_optimizer = g_optimizer
+        self.loss_fn = loss_fn
+
+    def train_step(self, real):
+        noise = tf.sin(real[:, :4])  # deterministic: a resumed run draws no other noise
+        with tf.GradientTape() as tape:
+            real_logits = self.discriminator(real, training=True)
+            fake_logits = self.discriminator(self.generator(noise), training=True)
+            d_loss = self.loss_fn(tf.ones_like(real_logits), real_logits) + self.loss_fn(
+                tf.zeros_like(fake_logits), fake_logits
+            )
+        grads = tape.gradient(d_loss, self.discriminator.trainable_weights)
+        self.d_optimizer.apply_gradients(zip(grads, self.discriminator.trainable_weights, strict=True))
+        with tf.GradientTape() as tape:
+            fake_logits = self.discriminator(self.generator(noise, training=True))
+            g_loss = self.loss_fn(tf.ones_like(fake_logits), fake_logits)
+        grads = tape.gradient(g_loss, self.generator.trainable_weights)
+        self.g_optimizer.apply_gradients(zip(grads, self.generator.trainable_weights, strict=True))
+        return {"d_loss": d_loss, "g_loss": g_loss}
+
+
+def logistic_loss(labels, logits):
+    """A user loss handed to a custom ``compile``: a plain function, not registered."""
+    return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels, logits))
+
+
+def keras_io_gan():
+    discriminator = keras.Sequential([keras.Input((parity.N_FEATURES,)), keras.layers.Dense(1)])
+    generator = keras.Sequential([keras.Input((4,)), keras.layers.Dense(parity.N_FEATURES)])
+    return KerasIoGAN(discriminator, generator)
+
+
+def test_custom_compile_with_a_user_function_saves_and_recompiles_on_load(tmp_path):
+    keras.utils.set_random_seed(SEED)
+    gan = keras_io_gan()
+    gan.compile(keras.optimizers.Adam(1e-3), keras.optimizers.Adam(1e-3), logistic_loss)
+    gan.fit(DATA["x"], batch_size=16, epochs=1, verbose=0)
+    path = tmp_path / "gan.keras"
+    gan.save(path)
+    custom_objects = {"KerasIoGAN": KerasIoGAN, "logistic_loss": logistic_loss}
+    loaded = keras.models.load_model(path, custom_objects=custom_objects)
+    assert loaded.loss_fn is logistic_loss  # compile() ran again with the user's function
+    continued = {}
+    for model in (gan, loaded):
+        keras.utils.set_random_seed(SEED + 1)
+        continued[model] = (model.fit(DATA["x"], batch_size=16, epochs=1, verbose=0).history, model.get_weights())
+    assert continued[loaded][0] == continued[gan][0]
+    for expected, got in zip(continued[gan][1], continued[loaded][1], strict=True):
+        np.testing.assert_array_equal(got, expected)
+
+
+class Unserializable:
+    """A constructor or compile argument neither Keras nor custom_fit can serialize."""
+
+
+def holding(base: type, value: Any) -> Any:
+    class Holding(base):
+        def __init__(self, value, **kwargs):
+            super().__init__(**kwargs)
+            self.value = value
+            self.dense = keras.layers.Dense(1)
+
+        def call(self, x):
+            return self.dense(x)
+
+    model = Holding(value)
+    model.compile(optimizer="sgd", loss="mse")
+    model.fit(DATA["x"], DATA["y"].astype("float32"), batch_size=32, epochs=1, verbose=0)
+    return model
+
+
+@pytest.mark.keras3
+def test_unserializable_constructor_argument_fails_as_keras_3_fails_and_names_it(tmp_path):
+    with pytest.raises(NotImplementedError):
+        holding(keras.Model, Unserializable()).save(tmp_path / "keras.keras")
+    with pytest.raises(NotImplementedError, match=r"Holding.__init__ argument 'value'.*Fix: define get_config"):
+        holding(custom_fit.CustomModel, Unserializable()).save(tmp_path / "custom.keras")
+
+
+@pytest.mark.keras2
+def test_unserializable_constructor_argument_saves_as_keras_2_saves_with_a_warning(tmp_path):
+    """Fails on 7a9ee83: CustomModel raised where tf_keras saves."""
+    holding(keras.Model, Unserializable()).save(tmp_path / "keras.keras")
+    with pytest.warns(UserWarning, match=r"Holding.__init__ argument 'value'.*load_model will not rebuild"):
+        holding(custom_fit.CustomModel, Unserializable()).save(tmp_path / "custom.keras")
+    assert (tmp_path / "custom.keras").stat().st_size > 0
+
+
+def test_unserializable_custom_compile_argument_saves_as_keras_saves_with_a_warning(tmp_path):
+    """Fails on 7a9ee83: the custom compile's recorded arguments had to serialize; Keras saves its own config."""
+    keras.utils.set_random_seed(SEED)
+    gan = keras_io_gan()
+    gan.compile(keras.optimizers.Adam(), keras.optimizers.Adam(), Unserializable())
+    gan.loss_fn = logistic_loss  # what the step uses; the recorded argument stays unserializable
+    gan.fit(DATA["x"], batch_size=16, epochs=1, verbose=0)
+    with pytest.warns(UserWarning, match=r"KerasIoGAN.compile argument 'loss_fn'.*load_model will not rebuild"):
+        gan.save(tmp_path / "gan.keras")
+    # As with keras.Model, load_model leaves the model uncompiled: Keras 3 warns, tf_keras logs it.
+    not_recompiled = contextlib.nullcontext() if custom_fit.KERAS_2 else pytest.warns(UserWarning, match="custom")
+    with not_recompiled:
+        loaded = keras.models.load_model(tmp_path / "gan.keras", custom_objects={"KerasIoGAN": KerasIoGAN})
+    assert not hasattr(loaded, "loss_fn")
+    for expected, got in zip(gan.get_weights(), loaded.get_weights(), strict=True):
+        np.testing.assert_array_equal(got, expected)

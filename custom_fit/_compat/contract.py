@@ -42,6 +42,9 @@ class KerasVersion(Protocol):
     CLIPS_AFTER_AGGREGATION: bool
     #: Whether the step adds the loss to the ``loss`` tracker (Keras 3) or the compiled loss does (Keras 2).
     STEP_UPDATES_LOSS_TRACKER: bool
+    #: Whether ``model.save`` writes a subclassed model whose constructor arguments Keras cannot
+    #: serialize (tf_keras: with a config ``load_model`` cannot use) rather than raising (Keras 3).
+    SAVES_UNCONFIGURABLE_MODELS: bool
     #: Base ``Optimizer.__init__`` arguments of an optimizer group.
     OPTIMIZER_GROUP_KWARGS: dict[str, Any]
     #: ``compile()`` arguments for an optimizer group.

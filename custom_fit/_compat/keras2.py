@@ -59,6 +59,7 @@ __all__ = [
     "GROUP_COMPILE_KWARGS",
     "KERAS_VERSION",
     "OPTIMIZER_GROUP_KWARGS",
+    "SAVES_UNCONFIGURABLE_MODELS",
     "STEP_UPDATES_LOSS_TRACKER",
     "Functional",
     "LossScaleOptimizer",
@@ -104,6 +105,9 @@ CLIPS_AFTER_AGGREGATION = True
 
 #: Keras 2's compiled loss updates the ``loss`` tracker when called, so the step does not.
 STEP_UPDATES_LOSS_TRACKER = False
+
+#: tf_keras saves a subclassed model it cannot configure, with an empty config (``load_model`` then fails).
+SAVES_UNCONFIGURABLE_MODELS = True
 
 #: Base ``Optimizer.__init__`` arguments of an optimizer group (Keras 2's needs none).
 OPTIMIZER_GROUP_KWARGS: dict[str, Any] = {}

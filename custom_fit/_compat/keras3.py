@@ -49,6 +49,7 @@ __all__ = [
     "GROUP_COMPILE_KWARGS",
     "KERAS_VERSION",
     "OPTIMIZER_GROUP_KWARGS",
+    "SAVES_UNCONFIGURABLE_MODELS",
     "STEP_UPDATES_LOSS_TRACKER",
     "Functional",
     "LossScaleOptimizer",
@@ -98,6 +99,9 @@ CLIPS_AFTER_AGGREGATION = False
 
 #: Keras 3's steps add the loss to the ``loss`` tracker themselves (``compute_loss`` does not).
 STEP_UPDATES_LOSS_TRACKER = True
+
+#: Keras 3 raises ``NotImplementedError`` when it cannot configure a subclassed model it saves.
+SAVES_UNCONFIGURABLE_MODELS = False
 
 #: Base ``Optimizer.__init__`` arguments of an optimizer group (its own rate is never used).
 OPTIMIZER_GROUP_KWARGS: dict[str, Any] = {"learning_rate": 0.0}
