@@ -147,6 +147,11 @@ COPIES: tuple[Copy, ...] = (
     _k3("k3-maybe-symbolic-build", f"{_K3}.TrainerHooks._maybe_symbolic_build", _tf_trainer("_maybe_symbolic_build")),
     _k3("k3-symbolic-build", f"{_K3_ONLY}.build_compiled_state", _trainer("_symbolic_build")),
     _k3("k3-assert-compile-called", f"{_K3}.TrainerHooks._assert_compile_called", _trainer("_assert_compile_called")),
+    _k3(
+        "k3-metrics-result-or-logs",
+        f"{_K3}.TrainerHooks._get_metrics_result_or_logs",
+        _trainer("_get_metrics_result_or_logs"),
+    ),
     # -- Keras 3: the fit loop and callbacks ----------------------------------------------
     _k3(
         "k3-enumerate-iterator",

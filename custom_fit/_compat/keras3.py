@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 from keras.src.backend.tensorflow import trainer as _tf_trainer
 from keras.src.losses import loss as _loss_module
@@ -495,6 +496,18 @@ share_registered_name = sharing_registered_names(_registration.GLOBAL_CUSTOM_NAM
 # --------------------------------------------------------------------------
 
 
+def _names_of_untouched_metrics(model: Any) -> set[str]:
+    """The result names of ``model``'s metrics that hold their reset state: no step updated them since."""
+    names: set[str] = set()
+    for metric in model.metrics:
+        variables = metric.variables
+        if not variables or any(np.any(variable.numpy()) for variable in variables):
+            continue
+        result = metric.result()
+        names.update(result if isinstance(result, dict) else [metric.name])
+    return names
+
+
 class TrainerHooks(Host):
     """Overrides of private ``Trainer`` methods; ``CustomModel`` inherits it before ``keras.Model``."""
 
@@ -503,6 +516,19 @@ class TrainerHooks(Host):
         # ``method_name`` branch is dead code in Keras 3.15).
         if not self.compiled:
             raise not_compiled_error(self, method_name)
+
+    def _get_metrics_result_or_logs(self, logs: Any) -> Any:
+        # At the end of an epoch (and of `evaluate`) Keras replaces the last step's logs with the
+        # metrics' results when their names match, even where no step updated that metric: a step
+        # that computes and returns its own `loss` (keras.io's DDPM) logs the reset tracker, 0.0.
+        # Such names keep the value the step returned, as on Keras 2.
+        results = super()._get_metrics_result_or_logs(logs)
+        if results is logs or not isinstance(logs, dict):
+            return results
+        untouched = _names_of_untouched_metrics(self)
+        return finish_metrics_result(
+            {name: logs[name] if name in untouched else value for name, value in results.items()}
+        )
 
     def _epoch_iterator_made(self, epoch_iterator: Any) -> None:
         """Called with each epoch iterator ``fit`` and ``evaluate`` make, before any callback runs.
