@@ -9,6 +9,7 @@ report exactly what ``keras.Model.fit`` reports, on Keras 3 and on Keras 2
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import numpy as np
 import pytest
@@ -229,3 +230,103 @@ def test_compiled_loss_without_any_loss_says_how_to_fix():
     model.compile(optimizer="adam")
     with pytest.raises(ValueError, match=r"expected a `loss` passed to `compile\(\)`.*received neither.*Fix: call"):
         model.compiled_loss(DATA["y"], model(DATA["x"]))
+
+
+# --------------------------------------------------------------------------
+# What a step returns is what is logged
+# --------------------------------------------------------------------------
+
+
+def denoiser(base: type) -> Any:
+    """keras.io's DDPM pattern: a loss compiled, a step that computes and returns its own ``loss``."""
+
+    class Denoiser(base):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.network = keras.Sequential([keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
+
+        def call(self, x):
+            return self.network(x)
+
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = self.loss(y, self.network(x, training=True))
+            gradients = tape.gradient(loss, self.network.trainable_weights)
+            self.optimizer.apply_gradients(zip(gradients, self.network.trainable_weights, strict=True))
+            return {"loss": loss}
+
+        def test_step(self, data):
+            x, y = data
+            return {"loss": self.loss(y, self.network(x))}
+
+    return Denoiser()
+
+
+DATA = parity.classification_data()
+X, Y = DATA["x"], DATA["y"]
+
+
+class LastBatchLogs(keras.callbacks.Callback):
+    """The logs of the last training and test batch, as the step returned them."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.train = dict(logs)
+
+    def on_test_batch_end(self, batch, logs=None):
+        self.test = dict(logs)
+
+
+def fit_denoiser(base):
+    keras.utils.set_random_seed(0)
+    model = denoiser(base)
+    model.compile(optimizer="adam", loss=keras.losses.MeanSquaredError())
+    y = X[:, :1] * 2.0
+    last = LastBatchLogs()
+    history = model.fit(X, y, batch_size=32, epochs=2, validation_data=(X[:64], y[:64]), callbacks=[last], verbose=0)
+    return model, history.history, last, y
+
+
+def test_a_loss_the_step_returns_is_the_loss_logged():
+    """Fails on 7a9ee83 (Keras 3): the history showed the untouched ``loss`` tracker, 0.0."""
+    model, history, last, y = fit_denoiser(custom_fit.CustomModel)
+    # As on Keras 2, and as for any other returned value: the epoch shows the last batch's value.
+    assert history["loss"][-1] == pytest.approx(last.train["loss"], rel=0, abs=0)
+    assert history["val_loss"][-1] == pytest.approx(last.test["loss"], rel=0, abs=0)
+    assert min(history["loss"] + history["val_loss"]) > 0
+    evaluated = model.evaluate(X[:64], y[:64], batch_size=32, callbacks=[last], verbose=0, return_dict=True)
+    assert evaluated == {"loss": pytest.approx(last.test["loss"], rel=0, abs=0)}
+
+
+def test_keras_model_logs_the_same_returned_loss_on_keras_2_and_zero_on_keras_3():
+    """Keeps the Keras gap visible: where Keras' value is true, CustomModel's equals it."""
+    _, keras_history, _, _ = fit_denoiser(keras.Model)
+    _, custom_history, _, _ = fit_denoiser(custom_fit.CustomModel)
+    if custom_fit.KERAS_2:
+        assert custom_history == keras_history
+    else:
+        assert keras_history["loss"] == [0.0, 0.0] and keras_history["val_loss"] == [0.0, 0.0]
+        assert min(custom_history["loss"]) > 0
+
+
+@pytest.mark.keras3  # Keras 2 shows what the step returns, always
+def test_a_tracker_the_step_updates_is_still_what_is_logged():
+    """The step returns ``loss`` and updates Keras' tracker of that name: the epoch shows the tracker's mean."""
+
+    class Tracked(custom_fit.CustomModel):
+        logged_values = ("loss",)
+
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = self.compute_loss(x, y, self(x, training=True))
+            self.minimize(loss, tape, self.trainable_weights)
+            self.log_values(x, loss=loss)
+            return {"loss": loss * 0.0 + 1e6}  # not what the epoch shows: the tracker is
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((parity.N_FEATURES,))
+    model = Tracked(inputs, keras.layers.Dense(parity.N_CLASSES, activation="softmax")(inputs))
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    history = model.fit(X, Y, batch_size=32, epochs=1, verbose=0).history
+    assert 0 < history["loss"][0] < 1e6
