@@ -109,7 +109,6 @@ class ModelHost:
     #: Names a step may log with ``log_values`` (a class attribute).
     logged_values: Sequence[str]
     #: Whether gradients are summed across replicas before they are transformed (``compile``).
-    clip_after_aggregation: bool
 
     def minimize(self, loss: Any, tape: Any, variables: Iterable[Any], optimizer: Any = None) -> None: ...
 

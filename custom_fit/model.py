@@ -31,7 +31,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from custom_fit import _compat, diagnostics, optimizers, step_fusion
+from custom_fit import _compat, diagnostics, gradient_contract, optimizers, step_fusion
 from custom_fit._compat import keras
 from custom_fit.configs import ConfigFromConstructor, RecompilesOnLoad
 from custom_fit.diagnostics import GradsAndVars, StepDiagnostics
@@ -107,7 +107,6 @@ class CustomModel(
         self,
         optimizer: Any = optimizers.UNSET,
         *args: Any,
-        clip_after_aggregation: bool | None = None,
         **kwargs: Any,
     ) -> None:
         """Configures the model for training: ``keras.Model.compile`` plus named optimizers.
@@ -123,19 +122,16 @@ class CustomModel(
                 variables. Under ``mixed_float16`` every member is wrapped for
                 loss scaling.
             *args: As for ``keras.Model.compile`` (``loss``, ...).
-            clip_after_aggregation: Under a multi-replica ``tf.distribute``
-                strategy, ``True`` sums the gradients across replicas *before*
-                :meth:`transform_gradients` and the optimizer's clipping, so
-                clipping sees the global gradient, as on one device. ``None``
-                (default) keeps what the Keras in use does: Keras 3 clips each
-                replica's gradient, Keras 2 the sum (``False`` raises there).
             **kwargs: As for ``keras.Model.compile``; ``steps_per_execution``
                 may also be ``"auto"``: the number of steps fused per
                 execution is tuned during ``fit``, and
                 ``model.steps_per_execution`` reads the number fused now
                 (see :mod:`custom_fit.step_fusion`; a
                 ``StepsPerExecutionTuner`` instance sets other tuning
-                parameters).
+                parameters). ``clip_after_aggregation`` (custom_fit 0.2) is no
+                longer needed: optimizers always receive, and clip, the
+                gradient summed over replicas (``True`` warns, ``False``
+                raises).
 
         A subclass whose own ``compile`` (the keras.io GAN pattern) calls
         ``super().compile()`` without an optimizer gets none, not RMSprop.
@@ -143,13 +139,12 @@ class CustomModel(
         Example:
             >>> import keras, custom_fit
             >>> model = custom_fit.CustomSequential([keras.Input((3,)), keras.layers.Dense(1)])
-            >>> model.compile(optimizer=keras.optimizers.SGD(global_clipnorm=1.0),
-            ...               loss="mse", clip_after_aggregation=True)
+            >>> model.compile(optimizer=keras.optimizers.SGD(global_clipnorm=1.0), loss="mse")
         """
         if optimizer is optimizers.UNSET:  # Keras' default, unless a subclass' compile() calls ours without one
             optimizer = optimizers.DEFAULT_OPTIMIZER if type(self).compile is CustomModel.compile else None
-        options = dict(kwargs, clip_after_aggregation=clip_after_aggregation)
-        _compat.check_compile_arguments(self, optimizer, dict(options, loss=args[0]) if args else options)
+        kwargs = gradient_contract.without_clip_after_aggregation(kwargs)
+        _compat.check_compile_arguments(self, optimizer, dict(kwargs, loss=args[0]) if args else kwargs)
         optimizer, kwargs = optimizers.for_compile(self, optimizer, kwargs)
         tuner = step_fusion.tuner_for(kwargs.get("steps_per_execution"))
         if tuner is not None:
@@ -159,9 +154,6 @@ class CustomModel(
         if tuner is not None:
             _compat.record_compile_option(self, "steps_per_execution", step_fusion.AUTO)
         self._make_logged_value_trackers()
-        self.clip_after_aggregation = bool(clip_after_aggregation) or _compat.CLIPS_AFTER_AGGREGATION
-        if clip_after_aggregation:
-            _compat.record_compile_option(self, "clip_after_aggregation", True)
 
     @property
     def steps_tuner(self) -> step_fusion.StepsPerExecutionTuner | None:
@@ -258,12 +250,11 @@ class CustomModel(
         with _compat.recording(tape):
             loss = _compat.scale_loss(optimizer, loss)
         gradients = self.compute_gradients(loss, tape, variables)
-        gradients = _compat.unscale_gradients(optimizer, gradients)  # Keras 3 unscales when applying
         grads_and_vars = self._diagnostics.pair_with_gradients(gradients, variables, optimizer)
-        if getattr(self, "clip_after_aggregation", False) and _compat.replica_context_with_peers():
-            self._apply_global_gradients(grads_and_vars, optimizer)
-        else:
+        grads_and_vars, handoff = gradient_contract.true_gradients(optimizer, grads_and_vars)
+        with gradient_contract.handing_over(handoff):
             self.apply_gradients(self.transform_gradients(grads_and_vars), optimizer)
+        gradient_contract.check_handed_over(self, handoff)
 
     def compute_gradients(self, loss: tf.Tensor, tape: tf.GradientTape, variables: Sequence[Any]) -> list[Any]:
         """Returns ``d loss / d variable`` for each variable (``None`` if unconnected).
@@ -284,11 +275,12 @@ class CustomModel(
         """Changes gradients before they are applied; the default returns them as is.
 
         Called by :meth:`minimize` with ``(gradient, variable)`` pairs (only
-        pairs whose gradient exists). Under mixed precision they are still
-        multiplied by the loss scale on Keras 3 (the optimizer unscales them)
-        and already unscaled on Keras 2. Under ``tf.distribute`` they are this
-        replica's on Keras 3, or the sum over replicas with
-        ``compile(clip_after_aggregation=True)``; always the sum on Keras 2.
+        pairs whose gradient exists) holding the true gradient of the global
+        batch's loss, the same on every precision, replica count and Keras
+        (:mod:`custom_fit.gradient_contract`): unscaled under mixed precision,
+        summed over replicas under ``tf.distribute``, and zeros on a step the
+        loss-scale optimizer skips (a non-finite scaled gradient). A clip here
+        moves the weights as it would in float32 on one device.
 
         Example:
             >>> import tensorflow as tf, custom_fit
@@ -303,8 +295,14 @@ class CustomModel(
     def apply_gradients(self, grads_and_vars: GradsAndVars, optimizer: Any = None) -> None:
         """Lets ``optimizer`` update the variables from the gradients.
 
-        Called by :meth:`minimize` last. The optimizer unscales mixed-precision
-        gradients, applies its own clipping and counts ``iterations``.
+        Called by :meth:`minimize` last, with the true gradients
+        :meth:`transform_gradients` returned; this hands them to the
+        optimizer in the form it takes (scaled again for Keras 3's
+        ``LossScaleOptimizer``, not summed over replicas a second time, a
+        skipped step kept skipped). The optimizer applies its own clipping
+        (to the global gradient) and counts ``iterations``. An override hands
+        them on with ``super().apply_gradients(...)``; called outside
+        :meth:`minimize`, it gives the pairs to the optimizer as they are.
 
         Example:
             >>> import custom_fit
@@ -314,7 +312,7 @@ class CustomModel(
             ...         super().apply_gradients(grads_and_vars, optimizer)
         """
         variables = [v for _, v in grads_and_vars]
-        optimizers.resolve(self, optimizer, variables).apply_gradients(grads_and_vars)
+        gradient_contract.hand_over(optimizers.resolve(self, optimizer, variables), grads_and_vars)
 
     # -- helpers of the steps ----------------------------------------------
 
@@ -343,18 +341,6 @@ class CustomModel(
         """Adds the batch's loss to the ``loss`` tracker as Keras 3's steps do (Keras 2's loss did already)."""
         if _compat.STEP_UPDATES_LOSS_TRACKER and _compat.loss_tracker(self) is not None:
             self._add_to_loss_tracker(loss, _compat.batch_size_of(x))
-
-    def _apply_global_gradients(self, grads_and_vars: GradsAndVars, optimizer: Any) -> None:
-        """The cross-replica path of :meth:`minimize`: sum, transform the global gradient, apply.
-
-        Used with ``clip_after_aggregation`` (always on Keras 2) under several
-        replicas; the optimizer is told not to sum the gradients again.
-        """
-        context = _compat.replica_context_with_peers()
-        grads_and_vars = _compat.sum_across_replicas(context, optimizer, grads_and_vars)
-        grads_and_vars = self.transform_gradients(grads_and_vars)
-        with _compat.gradients_already_summed(optimizer):
-            self.apply_gradients(grads_and_vars, optimizer)
 
 
 @keras.saving.register_keras_serializable(package="custom_fit")

@@ -178,14 +178,14 @@ def mirrored_fusion():
 
 
 def mirrored_clipping():
-    """Keras 3 clips per replica; clip_after_aggregation matches one device."""
+    """Optimizer clipping under the strategy: CustomModel clips the global gradient, Keras 3 each replica's."""
     strategy = mirrored_strategy()
     import custom_fit
     from custom_fit import keras
     from tests.parity import max_delta
 
-    def with_opt(base, strategy_, options, **extra):
-        kwargs = compile_kwargs("base", **extra)
+    def with_opt(base, strategy_, options):
+        kwargs = compile_kwargs("base")
         kwargs["optimizer"] = keras.optimizers.SGD(0.5, **options)
         d = data()
         keras.utils.set_random_seed(SEED)
@@ -206,15 +206,88 @@ def mirrored_clipping():
     }
     for name, options in clips.items():
         single = with_opt(custom_fit.CustomModel, None, options)
-        per_replica = with_opt(custom_fit.CustomModel, strategy, options)
-        aggregated = with_opt(custom_fit.CustomModel, strategy, options, clip_after_aggregation=True)
+        mirrored = with_opt(custom_fit.CustomModel, strategy, options)
         keras_mirrored = with_opt(keras.Model, strategy, options)
         results[f"clip/{name}"] = {
-            "per_replica_vs_single": max_delta(single, per_replica),
-            "aggregated_vs_single": max_delta(single, aggregated),
-            "keras_vs_custom_default": max_delta(keras_mirrored, per_replica),
+            "custom_vs_single": max_delta(single, mirrored),
+            "keras_vs_single": max_delta(single, keras_mirrored),
         }
     results["optimizer_methods_left_after_fit"] = sorted(leftovers)
+    return results
+
+
+def contract_run(strategy=None, policy="float32", base="custom", learning_rate=0.1, clip=None, epochs=2, scale=1.0):
+    """One regression model trained with SGD; the global norm ``transform_gradients`` received at each step.
+
+    ``base`` is ``"custom"`` (a CustomModel recording what its transform
+    receives, and clipping it to ``clip`` if given) or ``"keras"``.
+    ``learning_rate=0`` keeps the weights, so every step's gradient is the
+    same. Returns the norms (one per replica per step, in step order), the
+    final weights, how far they moved in total (sum of |delta|) and the
+    final loss scale (``None`` without one).
+    """
+    import custom_fit
+    from custom_fit import keras
+
+    norms: list[float] = []
+
+    class Recording(custom_fit.CustomModel):
+        def transform_gradients(self, grads_and_vars):
+            norm = tf.linalg.global_norm([g for g, _ in grads_and_vars])
+            tf.py_function(lambda n: norms.append(float(n)), [norm], [])
+            if clip is not None:
+                grads_and_vars = [(tf.clip_by_norm(g, clip), v) for g, v in grads_and_vars]
+            return grads_and_vars
+
+    d = data()
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        keras.utils.set_random_seed(SEED)
+        with strategy.scope() if strategy is not None else tf.distribute.get_strategy().scope():
+            inputs = keras.Input((8,))
+            hidden = keras.layers.Dense(16, activation="relu")(inputs)
+            model = (keras.Model if base == "keras" else Recording)(
+                inputs, keras.layers.Dense(1, dtype="float32")(hidden)
+            )
+            model.compile(optimizer=keras.optimizers.SGD(learning_rate), loss="mse")
+        initial = model.get_weights()
+        y = d["y"].astype("float32")[:, None]
+        model.fit(d["x"] * scale, y, batch_size=GLOBAL_BATCH, epochs=epochs, shuffle=False, verbose=0)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    weights = model.get_weights()
+    optimizer = model.optimizer
+    loss_scale = getattr(optimizer, "dynamic_scale", None)
+    if loss_scale is None:
+        loss_scale = getattr(optimizer, "loss_scale", None)  # tf_keras
+    return {
+        "norms": norms,
+        "weights": [w.tolist() for w in weights],
+        "moved": float(sum(np.abs(w - w0).sum() for w, w0 in zip(weights, initial, strict=True))),
+        "loss_scale": None if loss_scale is None else float(np.asarray(loss_scale.numpy())),
+    }
+
+
+def mirrored_contract():
+    """What ``transform_gradients`` receives under the strategy (float32, mixed_float16) vs one device."""
+    strategy = mirrored_strategy()
+    from tests.parity import max_delta
+
+    results: dict = {"replicas": strategy.num_replicas_in_sync}
+    for policy in ("float32", "mixed_float16"):
+        single = contract_run(None, policy, learning_rate=0.0, epochs=1, scale=10.0)
+        mirrored = contract_run(strategy, policy, learning_rate=0.0, epochs=1, scale=10.0)
+        results[f"norms/{policy}"] = {"single": single["norms"], "mirrored": mirrored["norms"]}
+        custom = contract_run(strategy, policy)
+        plain = contract_run(strategy, policy, base="keras")
+        results[f"custom_vs_keras/{policy}"] = max_delta(custom["weights"], plain["weights"])
+        clipped_single = contract_run(None, policy, clip=0.5)
+        clipped_mirrored = contract_run(strategy, policy, clip=0.5)
+        results[f"clip/{policy}"] = {
+            "mirrored_vs_single": max_delta(clipped_single["weights"], clipped_mirrored["weights"]),
+            "moved_single": clipped_single["moved"],
+            "moved_mirrored": clipped_mirrored["moved"],
+        }
     return results
 
 
@@ -546,6 +619,7 @@ GROUPS = {
     "mirrored_parity": mirrored_parity,
     "mirrored_fusion": mirrored_fusion,
     "mirrored_clipping": mirrored_clipping,
+    "mirrored_contract": mirrored_contract,
     "mirrored_gan": mirrored_gan,
     "mirrored_existing_code": mirrored_existing_code,
     "single": single_process_reference,

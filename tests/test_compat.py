@@ -72,15 +72,20 @@ def test_keras3_objects_in_compile_name_the_keras_version():
         model.compile(optimizer="sgd", loss="mse", auto_scale_loss=False)
 
 
-@pytest.mark.keras2
-def test_per_replica_clipping_names_the_keras_version():
+def test_per_replica_clipping_is_refused_and_says_why():
     with pytest.raises(
         ValueError,
-        match=r"compile\(clip_after_aggregation=False\).*"
-        + KERAS_3_NEEDED
-        + r".*Fix: leave clip_after_aggregation out",
+        match=r"compile\(clip_after_aggregation=False\) asks to clip each replica's gradient.*global gradient"
+        r".*received False.*Fix: leave clip_after_aggregation out",
     ):
         small_model().compile(optimizer="sgd", loss="mse", clip_after_aggregation=False)
+
+
+def test_clip_after_aggregation_true_is_no_longer_needed():
+    model = small_model()
+    with pytest.warns(DeprecationWarning, match=r"clip_after_aggregation=True\) is no longer needed"):
+        model.compile(optimizer="sgd", loss="mse", clip_after_aggregation=True)
+    assert "clip_after_aggregation" not in model.get_compile_config()
 
 
 @pytest.mark.keras2
@@ -99,13 +104,6 @@ def test_keras3_tensors_are_rejected_before_keras2_rewrites_the_class():
     model.compile(optimizer="sgd", loss="mse")
     model.fit(np.ones((4, 4)), np.ones((4, 1)), verbose=0)
     assert _compat.Functional not in custom_fit.CustomModel.__bases__
-
-
-@pytest.mark.keras2
-def test_keras2_clips_the_summed_gradient_by_default():
-    model = small_model()
-    model.compile(optimizer="sgd", loss="mse")
-    assert model.clip_after_aggregation is True
 
 
 PACKAGE = pathlib.Path(custom_fit.__file__).parent

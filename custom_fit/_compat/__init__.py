@@ -51,7 +51,6 @@ else:
 _version: contract.KerasVersion = _module
 
 BACKUP_WEIGHTS_FILE = _version.BACKUP_WEIGHTS_FILE
-CLIPS_AFTER_AGGREGATION = _version.CLIPS_AFTER_AGGREGATION
 GROUP_COMPILE_KWARGS = _version.GROUP_COMPILE_KWARGS
 KERAS_VERSION = _version.KERAS_VERSION
 OPTIMIZER_GROUP_KWARGS = _version.OPTIMIZER_GROUP_KWARGS
@@ -85,6 +84,7 @@ set_initial_epoch = _version.set_initial_epoch
 share_registered_name = _version.share_registered_name
 sum_across_replicas = _version.sum_across_replicas
 unscale_gradients = _version.unscale_gradients
+rescale_gradients = _version.rescale_gradients
 unscale_loss_for_distribution = _version.unscale_loss_for_distribution
 untracked_variables = _version.untracked_variables
 variable_names = _version.variable_names
@@ -94,7 +94,6 @@ wrap_for_loss_scaling = _version.wrap_for_loss_scaling
 #: The names the rest of custom_fit uses: the contract's, and the shared helpers it calls directly.
 __all__ = [
     "BACKUP_WEIGHTS_FILE",
-    "CLIPS_AFTER_AGGREGATION",
     "GROUP_COMPILE_KWARGS",
     "KERAS_2",
     "KERAS_VERSION",
@@ -131,6 +130,7 @@ __all__ = [
     "record_compile_option",
     "recording",
     "replica_context_with_peers",
+    "rescale_gradients",
     "scale_loss",
     "scale_loss_for_distribution",
     "set_initial_epoch",

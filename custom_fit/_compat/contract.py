@@ -38,8 +38,6 @@ class KerasVersion(Protocol):
 
     #: The Keras in use as text: ``"keras 3.15.1"`` or ``"tf_keras 2.21.0"``.
     KERAS_VERSION: str
-    #: Whether optimizers sum gradients across replicas before they clip them.
-    CLIPS_AFTER_AGGREGATION: bool
     #: Whether the step adds the loss to the ``loss`` tracker (Keras 3) or the compiled loss does (Keras 2).
     STEP_UPDATES_LOSS_TRACKER: bool
     #: Whether ``model.save`` writes a subclassed model whose constructor arguments Keras cannot
@@ -139,7 +137,10 @@ class KerasVersion(Protocol):
         """The loss multiplied by the loss scale (mixed precision)."""
 
     def unscale_gradients(self, optimizer: KerasObject, gradients: list[Any]) -> list[Any]:
-        """Gradients divided by the loss scale where this Keras expects the step to do it."""
+        """Gradients of the scaled loss divided by the loss scale (the true gradients)."""
+
+    def rescale_gradients(self, optimizer: KerasObject, gradients: list[Any]) -> list[Any]:
+        """True gradients in the form ``optimizer.apply_gradients`` takes (scaled again on Keras 3)."""
 
     def sum_across_replicas(self, context: Any, optimizer: KerasObject, grads_and_vars: list[Any]) -> list[Any]:
         """The gradients summed across replicas."""

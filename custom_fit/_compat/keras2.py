@@ -55,7 +55,6 @@ from custom_fit._host import Host
 
 __all__ = [
     "BACKUP_WEIGHTS_FILE",
-    "CLIPS_AFTER_AGGREGATION",
     "GROUP_COMPILE_KWARGS",
     "KERAS_VERSION",
     "OPTIMIZER_GROUP_KWARGS",
@@ -85,6 +84,7 @@ __all__ = [
     "optimizer_built",
     "random_normal",
     "random_uniform",
+    "rescale_gradients",
     "scale_loss",
     "scale_loss_for_distribution",
     "set_initial_epoch",
@@ -99,9 +99,6 @@ __all__ = [
 ]
 
 KERAS_VERSION: str = f"tf_keras {keras.__version__}"
-
-#: Keras 2 optimizers aggregate gradients across replicas before clipping.
-CLIPS_AFTER_AGGREGATION = True
 
 #: Keras 2's compiled loss updates the ``loss`` tracker when called, so the step does not.
 STEP_UPDATES_LOSS_TRACKER = False
@@ -218,11 +215,6 @@ def check_compile_arguments(model: Any, optimizer: Any, kwargs: dict[str, Any]) 
         raise _needs_keras_3(
             "compile(auto_scale_loss=...)",
             "leave it out (Keras 2 always scales the loss under mixed_float16)",
-        )
-    if kwargs.get("clip_after_aggregation") is False:
-        raise _needs_keras_3(
-            "compile(clip_after_aggregation=False) (clipping each replica's gradient)",
-            "leave clip_after_aggregation out: Keras 2 optimizers clip the summed gradient",
         )
 
 
@@ -346,6 +338,11 @@ def unscale_gradients(optimizer: Any, gradients: list[Any]) -> list[Any]:
     """Divides gradients by the loss scale, as ``LossScaleOptimizer.compute_gradients`` does."""
     if isinstance(optimizer, LossScaleOptimizer):
         return optimizer.get_unscaled_gradients(gradients)
+    return gradients
+
+
+def rescale_gradients(optimizer: Any, gradients: list[Any]) -> list[Any]:
+    """Gradients as they are: Keras 2's ``LossScaleOptimizer.apply_gradients`` takes unscaled ones."""
     return gradients
 
 

@@ -46,7 +46,6 @@ from custom_fit._host import Host
 
 __all__ = [
     "BACKUP_WEIGHTS_FILE",
-    "CLIPS_AFTER_AGGREGATION",
     "GROUP_COMPILE_KWARGS",
     "KERAS_VERSION",
     "OPTIMIZER_GROUP_KWARGS",
@@ -76,6 +75,7 @@ __all__ = [
     "optimizer_built",
     "random_normal",
     "random_uniform",
+    "rescale_gradients",
     "scale_loss",
     "scale_loss_for_distribution",
     "set_initial_epoch",
@@ -94,9 +94,6 @@ KERAS_VERSION: str = f"keras {keras.version()}"
 #: Whether Keras runs one step per execution on a batch it fetched before the compiled step
 #: (3.16, keras-team/keras#23179) rather than fetching it inside (3.8-3.15); see ``make_step_function``.
 _STEPS_ON_A_FETCHED_BATCH = keras3_only.VERSION >= (3, 16)
-
-#: Keras 3 optimizers clip each replica's gradient, then sum across replicas.
-CLIPS_AFTER_AGGREGATION = False
 
 #: Keras 3's steps add the loss to the ``loss`` tracker themselves (``compute_loss`` does not).
 STEP_UPDATES_LOSS_TRACKER = True
@@ -355,9 +352,28 @@ def scale_loss(optimizer: Any, loss: Any) -> Any:
     return optimizer.scale_loss(loss)
 
 
+def _loss_scale(optimizer: LossScaleOptimizer) -> Any:
+    """The scale ``optimizer.scale_loss`` multiplies by now (its variable once built)."""
+    return optimizer.dynamic_scale if optimizer.built else optimizer.initial_scale
+
+
 def unscale_gradients(optimizer: Any, gradients: list[Any]) -> list[Any]:
-    """Gradients as they are: Keras 3's ``LossScaleOptimizer`` unscales in ``apply_gradients``."""
-    return gradients
+    """Gradients divided by the loss scale, as ``LossScaleOptimizer.apply`` divides them."""
+    if not isinstance(optimizer, LossScaleOptimizer):
+        return gradients
+    scale = _loss_scale(optimizer)
+    return [keras.ops.divide(g, scale) if g is not None else None for g in gradients]
+
+
+def rescale_gradients(optimizer: Any, gradients: list[Any]) -> list[Any]:
+    """Unscaled gradients multiplied by the loss scale again: Keras 3's ``LossScaleOptimizer`` divides them.
+
+    Exact: the scale is a power of two.
+    """
+    if not isinstance(optimizer, LossScaleOptimizer):
+        return gradients
+    scale = _loss_scale(optimizer)
+    return [keras.ops.multiply(g, scale) if g is not None else None for g in gradients]
 
 
 def sum_across_replicas(context: Any, optimizer: Any, grads_and_vars: list[Any]) -> list[Any]:

@@ -1,0 +1,202 @@
+"""The gradient contract: what ``transform_gradients`` and ``apply_gradients`` receive.
+
+On every precision, replica count and Keras, :meth:`CustomModel.minimize
+<custom_fit.CustomModel.minimize>` hands the override points the **true gradient
+of the global batch's loss**:
+
+* **unscaled**: under ``mixed_float16`` the tape differentiates the scaled loss
+  (so float16 gradients do not underflow); the gradients are divided by the
+  loss scale before any override sees them;
+* **summed over replicas**: under a multi-replica ``tf.distribute`` strategy
+  each replica's gradient is all-reduced first, so every replica sees the
+  number one device would see (the optimizer does not sum again);
+* **finite**: on a step the loss-scale optimizer skips (an ``inf`` or ``nan``
+  in the scaled gradient, common in the first steps) they are zeros, and the
+  step is still skipped.
+
+:func:`true_gradients` makes them from what the tape returned;
+:func:`hand_over` gives the (transformed) pairs back to the optimizer in the
+form it expects: multiplied by the loss scale again for Keras 3's
+``LossScaleOptimizer`` (exact: the scale is a power of two), marked non-finite
+on a skipped step, and not summed a second time. With an identity transform
+the update equals ``keras.Model``'s bit for bit.
+
+Why hand-written: Keras has no such contract. Keras 3 unscales inside
+``LossScaleOptimizer.apply_gradients`` and sums inside the optimizer's update,
+after its clipping; tf_keras unscales in ``compute_gradients`` and sums in
+``apply_gradients``. A transform placed between them saw a different number
+on each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import tensorflow as tf
+
+from custom_fit import _compat
+
+__all__ = [
+    "Handoff",
+    "check_handed_over",
+    "hand_over",
+    "handing_over",
+    "true_gradients",
+    "without_clip_after_aggregation",
+]
+
+GradsAndVars = list[tuple[Any, Any]]
+
+
+@dataclasses.dataclass
+class Handoff:
+    """What :func:`hand_over` must undo for ``optimizer``, made by :func:`true_gradients`.
+
+    Attributes:
+        optimizer: The optimizer the gradients are for.
+        finite: Whether the step's scaled gradient is finite (a scalar
+            boolean tensor), or ``None`` without loss scaling.
+        summed: Whether the gradients were summed over replicas.
+        used: Set by :func:`hand_over` once the pairs reached the optimizer.
+    """
+
+    optimizer: Any
+    finite: Any
+    summed: bool
+    used: bool = False
+
+
+def _map_values(gradient: Any, function: Any) -> Any:
+    """``function`` applied to a dense gradient, or to the values of an ``IndexedSlices`` one."""
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(function(gradient.values), gradient.indices, gradient.dense_shape)
+    return function(gradient)
+
+
+def _all_finite(gradients: list[Any]) -> Any:
+    values = [g.values if isinstance(g, tf.IndexedSlices) else g for g in gradients]
+    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in values])
+
+
+def true_gradients(optimizer: Any, grads_and_vars: GradsAndVars) -> tuple[GradsAndVars, Handoff]:
+    """The true gradient of the global batch's loss, from what the tape returned for ``optimizer``'s loss.
+
+    Args:
+        optimizer: The optimizer (loss-scaled or not) whose ``scale_loss`` the
+            tape differentiated.
+        grads_and_vars: ``(gradient, variable)`` pairs as the tape returned
+            them, on this replica.
+
+    Returns:
+        The pairs unscaled, summed over replicas and zero on a non-finite
+        step, and the :class:`Handoff` :func:`hand_over` needs.
+    """
+    variables = [v for _, v in grads_and_vars]
+    gradients = _compat.unscale_gradients(optimizer, [g for g, _ in grads_and_vars])
+    pairs = list(zip(gradients, variables, strict=True))
+    context = _compat.replica_context_with_peers()
+    if context is not None:
+        pairs = _compat.sum_across_replicas(context, optimizer, pairs)
+    finite = None
+    if isinstance(optimizer, _compat.LossScaleOptimizer):
+        finite = _all_finite([g for g, _ in pairs])
+        pairs = [(_map_values(g, lambda t: tf.where(finite, t, tf.zeros((), t.dtype))), v) for g, v in pairs]
+    return pairs, Handoff(optimizer, finite, summed=context is not None)
+
+
+_pending = threading.local()  # MirroredStrategy traces each replica's step in a thread of its own
+
+
+@contextlib.contextmanager
+def handing_over(handoff: Handoff) -> Iterator[Handoff]:
+    """While inside, :func:`hand_over` to ``handoff.optimizer`` undoes what :func:`true_gradients` did."""
+    stack = _pending.__dict__.setdefault("stack", [])
+    stack.append(handoff)
+    try:
+        yield handoff
+    finally:
+        stack.pop()
+
+
+def hand_over(optimizer: Any, grads_and_vars: GradsAndVars) -> None:
+    """``optimizer.apply_gradients(grads_and_vars)``, given true gradients inside :func:`handing_over`.
+
+    Inside :meth:`CustomModel.minimize <custom_fit.CustomModel.minimize>` the
+    pairs are true gradients: multiplied by the loss scale again where the
+    optimizer divides by it (Keras 3), made ``nan`` on a step the
+    loss-scale optimizer must skip, and applied without a second sum over
+    replicas. Elsewhere (a step that calls ``apply_gradients`` itself) they
+    reach the optimizer as they are, as in Keras.
+    """
+    stack = getattr(_pending, "stack", [])
+    handoff = stack[-1] if stack and stack[-1].optimizer is optimizer else None
+    if handoff is None:
+        optimizer.apply_gradients(grads_and_vars)
+        return
+    handoff.used = True
+    if handoff.finite is not None:
+        finite = handoff.finite
+        gradients = _compat.rescale_gradients(optimizer, [g for g, _ in grads_and_vars])
+        gradients = [
+            _map_values(g, lambda t: tf.where(finite, t, tf.constant(float("nan"), t.dtype))) for g in gradients
+        ]
+        grads_and_vars = list(zip(gradients, [v for _, v in grads_and_vars], strict=True))
+    with _compat.gradients_already_summed(optimizer) if handoff.summed else contextlib.nullcontext():
+        optimizer.apply_gradients(grads_and_vars)
+
+
+def check_handed_over(model: Any, handoff: Handoff) -> None:
+    """Raises if an ``apply_gradients`` override applied the gradients without :func:`hand_over`.
+
+    Without loss scaling and on one replica the pairs need nothing undone, so
+    an override may call ``optimizer.apply_gradients`` itself. Otherwise the
+    optimizer would divide by the loss scale a second time, or sum replicas
+    that are summed already.
+
+    Raises:
+        ValueError: The gradients needed :func:`hand_over` and did not get it.
+    """
+    if handoff.used or (handoff.finite is None and not handoff.summed):
+        return
+    needs = "the loss scale restored" if handoff.finite is not None else "no second sum over replicas"
+    raise ValueError(
+        f"{type(model).__name__}.apply_gradients() did not hand the gradients to the optimizer through "
+        f"CustomModel.apply_gradients. Expected the true gradients minimize() passes to reach "
+        f"{type(handoff.optimizer).__name__} with {needs}; received an override that applied them another way "
+        "(e.g. optimizer.apply_gradients(...)). Fix: end the override with "
+        "`super().apply_gradients(grads_and_vars, optimizer)`."
+    )
+
+
+def without_clip_after_aggregation(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``compile()``'s keyword arguments less custom_fit 0.2's ``clip_after_aggregation``.
+
+    Optimizers now always receive, and so clip, the gradient summed over
+    replicas: ``True`` warns that it is not needed, ``False`` (clip each
+    replica's gradient, Keras 3's own order) can no longer be had.
+
+    Raises:
+        ValueError: ``clip_after_aggregation=False``.
+    """
+    if "clip_after_aggregation" not in kwargs:
+        return kwargs
+    kwargs = dict(kwargs)
+    if kwargs.pop("clip_after_aggregation") is False:
+        raise ValueError(
+            "compile(clip_after_aggregation=False) asks to clip each replica's gradient. Expected it left out: "
+            "custom_fit hands every optimizer the gradient summed over replicas, so clipnorm, global_clipnorm "
+            "and clipvalue clip the global gradient, as on one device (received False). Fix: leave "
+            "clip_after_aggregation out."
+        )
+    warnings.warn(
+        "compile(clip_after_aggregation=True) is no longer needed: optimizers always clip the gradient summed "
+        "over replicas. Fix: leave it out.",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return kwargs
