@@ -194,9 +194,13 @@ class StepDiagnostics:
 
     def _check_unused_optimizers(self) -> None:
         model = self._model
-        group = model.optimizer if isinstance(model.optimizer, NamedOptimizers) else None
-        names = list(group) if group is not None and not group.from_attributes else []
-        unused = [name for name in names if name not in self._trace.used_optimizers]
+        group = model.optimizer
+        if not isinstance(group, NamedOptimizers) or group.from_attributes:
+            return
+        names = list(group)
+        unused = [
+            name for name in names if name not in self._trace.used_optimizers and not _applied_in_trace(group[name])
+        ]
         if unused:
             self.warn_once(
                 UnusedOptimizerWarning,
@@ -233,3 +237,16 @@ def missing_targets_error(model: Any) -> ValueError:
         "yield (x, y) pairs, or compile without `loss` and add the loss with "
         "`self.add_loss()` or an overridden `compute_loss`."
     )
+
+
+def _applied_in_trace(optimizer: Any) -> bool:
+    """Whether the step being traced applied gradients with ``optimizer`` itself (it reads its ``iterations``).
+
+    A step may call a named member directly (``self.optimizer[name].apply_gradients(...)``,
+    Keras 2's ``self.optimizer[name].minimize(loss, variables, tape=tape)``) instead of
+    ``self.minimize(..., optimizer=name)``.
+    """
+    iterations = optimizer.iterations
+    variable = iterations if isinstance(iterations, tf.Variable) else iterations.value  # a Keras 3 variable
+    captured = {id(external) for external, _ in tf.compat.v1.get_default_graph().captures}
+    return id(getattr(variable, "handle", None)) in captured

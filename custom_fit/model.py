@@ -150,6 +150,7 @@ class CustomModel(
         if tuner is not None:
             kwargs["steps_per_execution"] = 1  # what Keras sees; the tuner decides per execution
         super().compile(optimizer, *args, **kwargs)
+        optimizers.give_keras2_api(self)
         _compat.set_untracked(self, "_steps_tuner", tuner)
         if tuner is not None:
             _compat.record_compile_option(self, "steps_per_execution", step_fusion.AUTO)
@@ -168,6 +169,7 @@ class CustomModel(
     def _after_compile(self) -> None:
         """After any ``compile``: optimizers kept as attributes become ``model.optimizer`` (named)."""
         optimizers.group_attribute_optimizers(self)
+        optimizers.give_keras2_api(self)
 
     # -- the three steps ---------------------------------------------------
 

@@ -38,6 +38,7 @@ __all__ = [
     "NamedOptimizers",
     "SavesOptimizerAssignment",
     "for_compile",
+    "give_keras2_api",
     "group_attribute_optimizers",
     "resolve",
 ]
@@ -399,7 +400,7 @@ def resolve(model: Any, optimizer: Any, variables: Sequence[Any] = ()) -> Any:
 class _GroupRate(float):
     """A group's learning rate as Keras 2's callbacks handle ``optimizer.lr``: a number with ``assign``."""
 
-    dtype = "float32"
+    dtype = tf.float32  # Keras 3's legacy `set_value` reads `dtype.name`, tf_keras' `tf.as_dtype(dtype)`
     _group: NamedOptimizers
 
     def __new__(cls, value: float, group: NamedOptimizers) -> _GroupRate:
@@ -434,6 +435,21 @@ def group_attribute_optimizers(model: Any) -> None:
         group = NamedOptimizers(members)
         _compat.set_untracked(group, "from_attributes", True)
         model.optimizer = group
+
+
+def give_keras2_api(model: Any) -> None:
+    """Gives each optimizer of ``model`` Keras 2's ``lr``, ``minimize`` and loss-scale methods (Keras 3).
+
+    Keras-2-era steps and callbacks (``self.optimizer.get_scaled_loss``,
+    ``optimizer.minimize(loss, var_list, tape=tape)``,
+    ``set_value(self.model.optimizer.lr, v)``) then run unchanged; the
+    compiled optimizer, named members and optimizers kept as attributes get
+    them. Optimizers no
+    ``CustomModel`` compiled stay as Keras made them.
+    """
+    optimizer = model.optimizer
+    for member in optimizer.optimizers if isinstance(optimizer, NamedOptimizers) else [optimizer]:
+        _compat.with_keras2_api(member)
 
 
 class SavesOptimizerAssignment(Host):

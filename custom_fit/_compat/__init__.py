@@ -85,6 +85,7 @@ share_registered_name = _version.share_registered_name
 sum_across_replicas = _version.sum_across_replicas
 unscale_gradients = _version.unscale_gradients
 rescale_gradients = _version.rescale_gradients
+with_keras2_api = _version.with_keras2_api
 unscale_loss_for_distribution = _version.unscale_loss_for_distribution
 untracked_variables = _version.untracked_variables
 variable_names = _version.variable_names
@@ -143,5 +144,6 @@ __all__ = [
     "variable_names",
     "variable_names_without_model",
     "variables_built_on",
+    "with_keras2_api",
     "wrap_for_loss_scaling",
 ]

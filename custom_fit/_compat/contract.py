@@ -139,6 +139,9 @@ class KerasVersion(Protocol):
     def unscale_gradients(self, optimizer: KerasObject, gradients: list[Any]) -> list[Any]:
         """Gradients of the scaled loss divided by the loss scale (the true gradients)."""
 
+    def with_keras2_api(self, optimizer: KerasObject) -> KerasObject:
+        """``optimizer`` with Keras 2's ``lr``, ``minimize`` and loss-scale methods (returned; Keras 2: as is)."""
+
     def rescale_gradients(self, optimizer: KerasObject, gradients: list[Any]) -> list[Any]:
         """True gradients in the form ``optimizer.apply_gradients`` takes (scaled again on Keras 3)."""
 

@@ -307,7 +307,12 @@ COPIES: tuple[Copy, ...] = (
     _k3("k3-optimizer-apply", "custom_fit.diagnostics.StepDiagnostics.pair_with_gradients", f"{_OPTIMIZER}.apply"),
     _k3(
         "k3-loss-scale-apply",
-        (f"{_K3}.unscale_gradients", f"{_K3}.rescale_gradients"),
+        (
+            f"{_K3}.unscale_gradients",
+            f"{_K3}.rescale_gradients",
+            "custom_fit._compat.keras2_idioms.Keras2LossScaleAPI.get_unscaled_gradients",
+            "custom_fit._compat.keras2_idioms.Keras2LossScaleAPI.apply_gradients",
+        ),
         f"{_LOSS_SCALE}.apply",
         f"{_LOSS_SCALE}._stateful_handle_finite_grads",
     ),

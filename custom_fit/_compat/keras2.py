@@ -95,6 +95,7 @@ __all__ = [
     "untracked_variables",
     "variable_names",
     "variables_built_on",
+    "with_keras2_api",
     "wrap_for_loss_scaling",
 ]
 
@@ -339,6 +340,11 @@ def unscale_gradients(optimizer: Any, gradients: list[Any]) -> list[Any]:
     if isinstance(optimizer, LossScaleOptimizer):
         return optimizer.get_unscaled_gradients(gradients)
     return gradients
+
+
+def with_keras2_api(optimizer: Any) -> Any:
+    """``optimizer`` as it is: Keras 2's optimizers have Keras 2's API."""
+    return optimizer
 
 
 def rescale_gradients(optimizer: Any, gradients: list[Any]) -> list[Any]:

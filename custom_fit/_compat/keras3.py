@@ -42,6 +42,7 @@ from custom_fit._compat.common import (
     skippable_aggregation,
     variable_names_without_model,
 )
+from custom_fit._compat.keras2_idioms import with_keras2_api
 from custom_fit._host import Host
 
 __all__ = [
@@ -86,6 +87,7 @@ __all__ = [
     "untracked_variables",
     "variable_names",
     "variables_built_on",
+    "with_keras2_api",
     "wrap_for_loss_scaling",
 ]
 
