@@ -64,13 +64,17 @@ with one step per sample: its ratios to the loop show what each ``fit`` call cos
 besides its steps, which every short sample of the other workloads pays once; "cnn, 4
 epochs per fit call" trains the CNN's epochs four to a ``fit`` call (and four passes of the
 loop), as training runs do. On Keras 2 the keras.io GAN, that variant (tf_keras has no
-per-step wait to remove) and the loops (Keras 3 code) are left out. Results go to
+per-step wait to remove) and the loops (Keras 3 code) are left out. The four "gradient
+contract" workloads (Keras 3; ``--only contract-...``) train the MLP and the GAN in float32 and
+``mixed_float16`` with and without the gradient contract (:func:`keras_gradient_order`): its cost. Results go to
 ``OUT/results.json``, ``OUT/results.md`` and ``OUT/throughput.png``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import gc
 import json
 import math
@@ -80,7 +84,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -416,6 +420,94 @@ def gan(n: int, batch: int = 64, latent: int = 16) -> Workload:
     )
 
 
+KERAS_ORDER = "Keras' gradient order (custom_fit 0.2)"
+#: ``--only`` key -> (model, dtype policy) of the workloads that measure the gradient contract (Keras 3).
+CONTRACT_WORKLOADS = {
+    "contract-mlp-float32": ("mlp", "float32"),
+    "contract-mlp-mixed": ("mlp", "mixed_float16"),
+    "contract-gan-float32": ("gan", "float32"),
+    "contract-gan-mixed": ("gan", "mixed_float16"),
+}
+
+
+@contextlib.contextmanager
+def keras_gradient_order() -> Iterator[None]:
+    """While inside, ``minimize`` takes custom_fit 0.2's path on Keras 3: no gradient contract.
+
+    The transform then gets what the tape returned (loss-scaled under
+    ``mixed_float16``) and the optimizer unscales, as in Keras' own step: the
+    work the contract adds (unscale, finite check, rescale) is left out.
+    Measurement code only: the module's two functions are swapped back on exit.
+    """
+    from custom_fit import gradient_contract as contract
+
+    saved = contract.true_gradients, contract.hand_over
+
+    def as_taped(optimizer: Any, grads_and_vars: Any) -> Any:
+        return grads_and_vars, contract.Handoff(optimizer, None, summed=False)
+
+    def as_is(optimizer: Any, grads_and_vars: Any) -> None:
+        optimizer.apply_gradients(grads_and_vars)
+
+    contract.true_gradients, contract.hand_over = as_taped, as_is
+    try:
+        yield
+    finally:
+        contract.true_gradients, contract.hand_over = saved
+
+
+def in_keras_gradient_order(builder: Builder) -> Builder:
+    """``builder``'s variant built, traced and run inside :func:`keras_gradient_order`."""
+
+    def make() -> Run:
+        with keras_gradient_order():
+            run = builder()
+
+        def run_in_order() -> None:
+            with keras_gradient_order():
+                run()
+
+        return run_in_order
+
+    return make
+
+
+def under_policy(builder: Builder, policy: str) -> Builder:
+    """``builder``'s model made under the dtype policy ``policy`` (its layers keep it)."""
+
+    def make() -> Run:
+        keras.mixed_precision.set_global_policy(policy)
+        try:
+            return builder()
+        finally:
+            keras.mixed_precision.set_global_policy("float32")
+
+    return make
+
+
+def gradient_contract(kind: str, policy: str, n: int) -> Workload:
+    """What the gradient contract costs (Keras 3): the MLP or the GAN under ``policy``, with and without it.
+
+    The contract's gain is ``CustomModel.fit`` (``custom_fit.GAN``) over the same
+    model in :func:`keras_gradient_order`. On one device in float32 the contract
+    adds no operation; under ``mixed_float16`` it adds an unscale, a finite check
+    and a rescale per optimizer and step.
+    """
+    source = classification("mlp", n) if kind == "mlp" else gan(n)
+    custom = "CustomModel.fit" if kind == "mlp" else "custom_fit.GAN"
+    without = f"{custom}, {KERAS_ORDER}"
+    # The keras.io GAN mixes float16 and float32 tensors under mixed_float16 (it fails in tf.concat):
+    # the GAN's reference is custom_fit.GAN itself.
+    reference = source.reference if kind == "mlp" else custom
+    builders = {
+        reference: under_policy(source.builders[reference], policy),
+        custom: under_policy(source.builders[custom], policy),
+        without: under_policy(in_keras_gradient_order(source.builders[custom]), policy),
+    }
+    title = f"gradient contract: {source.title}, {policy}"
+    return Workload(title, source.samples, reference, None, builders, [("gradient contract", custom, without)])
+
+
 def aa(n: int, batch: int = 32) -> Workload:
     """The A/A check: the MLP's keras.Model.fit, built twice, against itself."""
     mlp = classification("mlp", n, batch).builders["keras.Model.fit"]
@@ -447,6 +539,8 @@ def workloads(quick: bool) -> dict[str, Callable[[], Workload]]:
     }
     if not KERAS_2:
         result["gan"] = lambda: gan(s["gan"])
+        for key, (kind, policy) in CONTRACT_WORKLOADS.items():
+            result[key] = functools.partial(gradient_contract, kind, policy, s[kind])
     return result
 
 
@@ -699,9 +793,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument(
         "--only",
         nargs="+",
-        # Every workload's key on either Keras ("gan" only measured on Keras 3: asked for on
-        # Keras 2, it gets the error below rather than argparse's "invalid choice").
-        choices=list(dict.fromkeys([*workloads(quick=False), "gan"])),
+        # Every workload's key on either Keras ("gan" and the contract's only measured on Keras 3:
+        # asked for on Keras 2, they get the error below rather than argparse's "invalid choice").
+        choices=list(dict.fromkeys([*workloads(quick=False), "gan", *CONTRACT_WORKLOADS])),
         help="only these workloads (aa: the A/A check); results go to <stem>_<names>.*",
     )
     parser.add_argument("--threads", type=int, default=1, help="TensorFlow intra- and inter-op threads (0: default)")

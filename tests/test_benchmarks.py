@@ -21,6 +21,14 @@ MLP = "mlp (16-32-10, batch 32)"
 FIT_COST = bench.FIT_COST
 CNN_EPOCHS = bench.CNN_EPOCHS
 GAN = "digits GAN (MLP, batch 64, two optimizers)"
+ORDER = bench.KERAS_ORDER
+CONTRACT = {
+    f"gradient contract: {MLP}, {policy}": {"keras.Model.fit", "CustomModel.fit", f"CustomModel.fit, {ORDER}"}
+    for policy in ("float32", "mixed_float16")
+} | {
+    f"gradient contract: {GAN}, {policy}": {"custom_fit.GAN", f"custom_fit.GAN, {ORDER}"}
+    for policy in ("float32", "mixed_float16")
+}
 AUTO = 'steps_per_execution="auto"'
 CLASSIFICATION = {"keras.Model.fit", "CustomModel.fit", f"CustomModel.fit, {AUTO}"}
 EXPECTED = (
@@ -39,6 +47,7 @@ EXPECTED = (
         CNN_EPOCHS: CLASSIFICATION | {"tf.function loop", bench.EAGER_LOGS},
         MLP: CLASSIFICATION | {"tf.function loop", bench.EAGER_LOGS},
         GAN: {"keras.io GAN (keras.Model)", "custom_fit.GAN", f"custom_fit.GAN, {AUTO}", "tf.function GAN loop"},
+        **CONTRACT,
     }
 )
 STATS = bench.STATS
@@ -72,7 +81,8 @@ def test_quick_benchmark_writes_consistent_results(tmp_path):
     for name, workload in saved["workloads"].items():
         assert name in table
         assert workload["rounds"] == 2 and workload["stopped_by"] in {"ci_target", "max_rounds"}
-        assert workload["loop"] is None if bench.KERAS_2 or name == AA else workload["loop"] in workload["variants"]
+        no_loop = bench.KERAS_2 or name == AA or name in CONTRACT
+        assert workload["loop"] is None if no_loop else workload["loop"] in workload["variants"]
         for variant_name, variant in workload["variants"].items():
             assert variant_name in table
             # bench.py reports a variant that raised instead of stopping; here every variant must run.
@@ -86,10 +96,18 @@ def test_quick_benchmark_writes_consistent_results(tmp_path):
                 else:
                     check_ratio(variant, f"{prefix}ratio_to_loop", variant_name == workload["loop"])
             assert isinstance(variant["ci_target_met"], bool) and isinstance(variant["cpu_ci_target_met"], bool)
-        gains = set() if name == AA else {AUTO} if bench.KERAS_2 or name == GAN else {AUTO, "lazy callbacks"}
+        gains = (
+            set()
+            if name == AA
+            else {"gradient contract"}
+            if name in CONTRACT
+            else {AUTO}
+            if bench.KERAS_2 or name == GAN
+            else {AUTO, "lazy callbacks"}
+        )
         assert set(workload["gains"]) == gains
         for label, gain in workload["gains"].items():
-            assert label in {AUTO, "lazy callbacks"} and {gain["variant"], gain["base"]} <= set(workload["variants"])
+            assert {gain["variant"], gain["base"]} <= set(workload["variants"])
             assert 0 < gain["ci"][0] <= gain["median"] <= gain["ci"][1] and f"{label} ({gain['variant']}" in table
         assert workload["ci_target_met"] == all(v.get("ci_target_met", True) for v in workload["variants"].values())
 
