@@ -98,6 +98,8 @@ class ModelHost:
 
     def _get_metrics_result_or_logs(self, logs: Any) -> Any: ...
 
+    def _updated_config(self) -> dict[str, Any]: ...
+
     # -- what custom_fit adds to the model ----------------------------------------------
 
     #: The tuner of ``compile(steps_per_execution="auto")``, else ``None`` (``CustomModel.__init__``).

@@ -348,8 +348,9 @@ class BackupAndRestore(keras.callbacks.Callback):
                 "batch, or model.build(input_shape))."
             )
         optimizer = self.model.optimizer
+        # Its state is read only into a built optimizer.
         if optimizer is not None and not _compat.optimizer_built(optimizer) and not hasattr(optimizer, "build_member"):
-            optimizer.build(self.model.trainable_variables)  # its state is read only into a built optimizer
+            _compat.build_optimizer(optimizer, self.model.trainable_variables)
         self.model.load_weights(str(directory / _compat.BACKUP_WEIGHTS_FILE))
         return backup
 

@@ -269,7 +269,7 @@ class RecompilesOnLoad(Host):
             self.compile(**keras.saving.deserialize_keras_object(config))
         _compat.mark_built_if_complete(self)
         if self.optimizer is not None and self.built:
-            self.optimizer.build(self.trainable_variables)
+            _compat.build_optimizer(self.optimizer, self.trainable_variables)
 
 
 def _binds(function: Callable[..., Any], config: Mapping[str, Any]) -> bool:

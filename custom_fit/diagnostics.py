@@ -157,7 +157,7 @@ class StepDiagnostics:
             # Build on every variable, as Keras does when it filters `None`s,
             # so optimizer state does not depend on which gradients exist.
             with tf.init_scope():
-                optimizer.build(list(variables))
+                _compat.build_optimizer(optimizer, list(variables))
         return [(g, v) for g, v in zip(gradients, variables, strict=True) if g is not None]
 
     # -- warnings --------------------------------------------------------------

@@ -285,7 +285,7 @@ class NamedOptimizers(keras.optimizers.Optimizer):
         self._built_on[name] = variables
         member = self._members[name]
         if not _compat.optimizer_built(member):
-            member.build(variables)
+            _compat.build_optimizer(member, variables)
 
     def _known_variables(self, name: str) -> list[Any] | None:
         if name in self._assignment and self._model_variables:
@@ -355,7 +355,7 @@ def resolve(model: Any, optimizer: Any, variables: Sequence[Any] = ()) -> Any:
         ValueError: ``optimizer`` names no optimizer of ``model``, or ``model``
             has none.
     """
-    if isinstance(optimizer, keras.optimizers.Optimizer):
+    if isinstance(optimizer, _compat.OPTIMIZER_CLASSES):
         return _compat.loss_scaled(model, optimizer)
     compiled = getattr(model, "optimizer", None)
     if isinstance(compiled, NamedOptimizers):
@@ -430,7 +430,7 @@ def group_attribute_optimizers(model: Any) -> None:
     """
     if model.optimizer is not None:
         return
-    members = {name: value for name, value in vars(model).items() if isinstance(value, keras.optimizers.Optimizer)}
+    members = {name: value for name, value in vars(model).items() if isinstance(value, _compat.OPTIMIZER_CLASSES)}
     if members:
         group = NamedOptimizers(members)
         _compat.set_untracked(group, "from_attributes", True)

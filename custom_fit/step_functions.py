@@ -102,7 +102,7 @@ class StepFunctions(Host):
         """
         if self.built and self.optimizer is not None and not _compat.optimizer_built(self.optimizer):
             with tf.init_scope():
-                self.optimizer.build(self.trainable_variables)
+                _compat.build_optimizer(self.optimizer, self.trainable_variables)
 
     def _test_step_in_replica(self, data: Any) -> Any:
         """``test_step``; variables it creates under a strategy are created outside the replica context."""

@@ -207,3 +207,17 @@ def test_models_cross_a_spawn_process_pool():
         results = pool.map(predict_in_worker, [pickle.dumps(model) for model in models.values()])
     for model, predictions in zip(models.values(), results, strict=True):
         np.testing.assert_array_equal(predictions, model.predict(X, verbose=0))
+
+
+@pytest.mark.parametrize("kind", ["functional", "sequential"])
+def test_model_from_json_rebuilds_the_same_class(kind):
+    """Fails on 7a9ee83 (Keras 2): tf_keras' model_from_json returned the string "CustomModel"."""
+    if kind == "functional":
+        model = functional()
+    else:
+        model = custom_fit.CustomSequential([keras.Input((parity.N_FEATURES,)), keras.layers.Dense(parity.N_CLASSES)])
+    rebuilt = keras.models.model_from_json(model.to_json())
+    assert isinstance(rebuilt, custom_fit.CustomSequential if kind == "sequential" else custom_fit.CustomModel)
+    rebuilt.set_weights(model.get_weights())
+    np.testing.assert_array_equal(rebuilt.predict(DATA["x"], verbose=0), model.predict(DATA["x"], verbose=0))
+

@@ -53,12 +53,14 @@ _version: contract.KerasVersion = _module
 BACKUP_WEIGHTS_FILE = _version.BACKUP_WEIGHTS_FILE
 GROUP_COMPILE_KWARGS = _version.GROUP_COMPILE_KWARGS
 KERAS_VERSION = _version.KERAS_VERSION
+OPTIMIZER_CLASSES = _version.OPTIMIZER_CLASSES
 OPTIMIZER_GROUP_KWARGS = _version.OPTIMIZER_GROUP_KWARGS
 SAVES_UNCONFIGURABLE_MODELS = _version.SAVES_UNCONFIGURABLE_MODELS
 STEP_UPDATES_LOSS_TRACKER = _version.STEP_UPDATES_LOSS_TRACKER
 Functional = _version.Functional
 LossScaleOptimizer = _version.LossScaleOptimizer
 SeedGenerator = _version.SeedGenerator
+build_optimizer = _version.build_optimizer
 call_accepts_training = _version.call_accepts_training
 check_compile_arguments = _version.check_compile_arguments
 compiled_metrics_container = _version.compiled_metrics_container
@@ -98,6 +100,7 @@ __all__ = [
     "GROUP_COMPILE_KWARGS",
     "KERAS_2",
     "KERAS_VERSION",
+    "OPTIMIZER_CLASSES",
     "OPTIMIZER_GROUP_KWARGS",
     "SAVES_UNCONFIGURABLE_MODELS",
     "STEP_UPDATES_LOSS_TRACKER",
@@ -106,6 +109,7 @@ __all__ = [
     "SeedGenerator",
     "TrainerHooks",
     "batch_size_of",
+    "build_optimizer",
     "call_accepts_training",
     "check_compile_arguments",
     "compiled_metrics_container",

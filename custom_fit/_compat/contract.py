@@ -43,6 +43,8 @@ class KerasVersion(Protocol):
     #: Whether ``model.save`` writes a subclassed model whose constructor arguments Keras cannot
     #: serialize (tf_keras: with a config ``load_model`` cannot use) rather than raising (Keras 3).
     SAVES_UNCONFIGURABLE_MODELS: bool
+    #: The classes ``compile`` and ``minimize`` take as optimizers.
+    OPTIMIZER_CLASSES: tuple[type, ...]
     #: Base ``Optimizer.__init__`` arguments of an optimizer group.
     OPTIMIZER_GROUP_KWARGS: dict[str, Any]
     #: ``compile()`` arguments for an optimizer group.
@@ -129,6 +131,9 @@ class KerasVersion(Protocol):
 
     def optimizer_built(self, optimizer: KerasObject) -> bool:
         """Whether ``optimizer`` has created its slots."""
+
+    def build_optimizer(self, optimizer: KerasObject, variables: list[Any]) -> None:
+        """Creates ``optimizer``'s state (slots) for ``variables``."""
 
     def mark_built(self, optimizer: KerasObject) -> None:
         """Marks an optimizer group as built."""

@@ -358,6 +358,7 @@ COPIES: tuple[Copy, ...] = (
         f"{_TF_KERAS_MODEL}.evaluate",
         f"{_TF_KERAS_MODEL}.predict",
     ),
+    _k2("k2-updated-config", f"{_K2}.TrainerHooks._updated_config", f"{_TF_KERAS_MODEL}._updated_config"),
     _k2(
         "k2-assert-compile-called",
         f"{_K2}.TrainerHooks._assert_compile_was_called",

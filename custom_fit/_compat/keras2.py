@@ -18,6 +18,7 @@ Nothing in this module is public API.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import inspect
@@ -32,6 +33,8 @@ from tf_keras.src.engine import data_adapter as _data_adapter
 from tf_keras.src.engine import functional as _functional
 from tf_keras.src.engine import training as _training
 from tf_keras.src.mixed_precision import loss_scale_optimizer as _lso
+from tf_keras.src.optimizers import optimizer_v1 as _optimizer_v1
+from tf_keras.src.optimizers.legacy import optimizer_v2 as _optimizer_v2
 from tf_keras.src.saving import object_registration as _registration
 from tf_keras.src.utils import losses_utils as _losses_utils
 
@@ -57,6 +60,7 @@ __all__ = [
     "BACKUP_WEIGHTS_FILE",
     "GROUP_COMPILE_KWARGS",
     "KERAS_VERSION",
+    "OPTIMIZER_CLASSES",
     "OPTIMIZER_GROUP_KWARGS",
     "SAVES_UNCONFIGURABLE_MODELS",
     "STEP_UPDATES_LOSS_TRACKER",
@@ -64,6 +68,7 @@ __all__ = [
     "LossScaleOptimizer",
     "SeedGenerator",
     "TrainerHooks",
+    "build_optimizer",
     "call_accepts_training",
     "check_compile_arguments",
     "compiled_metrics_container",
@@ -118,6 +123,11 @@ Functional = _functional.Functional
 
 #: ``LossScaleOptimizer`` classes of this Keras (V3 wraps the current optimizers).
 LossScaleOptimizer = _lso.BaseLossScaleOptimizer
+
+#: What ``compile`` and ``minimize`` take as an optimizer: tf_keras' optimizers, its legacy ones
+#: (``tf_keras.optimizers.legacy.*``, ``OptimizerV2``) and ``tf.compat.v1`` optimizers as
+#: ``compile`` wraps them (``TFOptimizer``).
+OPTIMIZER_CLASSES: tuple[type, ...] = (keras.optimizers.Optimizer, _optimizer_v2.OptimizerV2, _optimizer_v1.TFOptimizer)
 
 
 def _needs_keras_3(feature: str, fix: str) -> ValueError:
@@ -318,9 +328,33 @@ mark_built_if_complete = marks_built_if_complete(keras.layers.Layer, keras.Model
 # --------------------------------------------------------------------------
 
 
+def _legacy(optimizer: Any) -> bool:
+    """Whether ``optimizer`` (or a ``LossScaleOptimizer``'s inner one) is a legacy ``OptimizerV2``."""
+    return isinstance(getattr(optimizer, "inner_optimizer", optimizer), _optimizer_v2.OptimizerV2)
+
+
 def optimizer_built(optimizer: Any) -> bool:
-    """Whether ``optimizer`` has created its slots (``Optimizer._built``)."""
-    return bool(getattr(getattr(optimizer, "inner_optimizer", optimizer), "_built", False))
+    """Whether ``optimizer`` has created its state (``Optimizer._built``; a legacy one its ``iterations``).
+
+    A ``tf.compat.v1`` optimizer (``TFOptimizer``) creates its slots when it
+    first applies gradients, as in tf_keras: there is nothing to build.
+    """
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    if isinstance(inner, _optimizer_v1.TFOptimizer):
+        return True
+    if isinstance(inner, _optimizer_v2.OptimizerV2):
+        return inner._iterations is not None
+    return bool(getattr(inner, "_built", False))
+
+
+def build_optimizer(optimizer: Any, variables: list[Any]) -> None:
+    """Creates ``optimizer``'s state for ``variables`` (a legacy one: ``_create_all_weights``)."""
+    if isinstance(optimizer, _optimizer_v1.TFOptimizer):
+        return
+    if _legacy(optimizer):
+        optimizer._create_all_weights(variables)
+    else:
+        optimizer.build(variables)
 
 
 def mark_built(optimizer: Any) -> None:
@@ -354,11 +388,19 @@ def rescale_gradients(optimizer: Any, gradients: list[Any]) -> list[Any]:
 
 def sum_across_replicas(context: Any, optimizer: Any, grads_and_vars: list[Any]) -> list[Any]:
     """Sums gradients across replicas with the optimizer's own ``aggregate_gradients``."""
-    return getattr(optimizer, "inner_optimizer", optimizer).aggregate_gradients(grads_and_vars)
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    if isinstance(inner, _optimizer_v2.OptimizerV2):
+        return inner._aggregate_gradients(grads_and_vars)
+    return inner.aggregate_gradients(grads_and_vars)
 
 
-#: ``with gradients_already_summed(optimizer):`` -- ``apply_gradients`` does not sum again.
-gradients_already_summed = skippable_aggregation("aggregate_gradients")
+_already_summed = skippable_aggregation("aggregate_gradients")
+_already_summed_legacy = skippable_aggregation("_aggregate_gradients")
+
+
+def gradients_already_summed(optimizer: Any) -> contextlib.AbstractContextManager[None]:
+    """While it lasts, ``optimizer.apply_gradients`` does not sum the gradients across replicas again."""
+    return (_already_summed_legacy if _legacy(optimizer) else _already_summed)(optimizer)
 
 
 def wrap_for_loss_scaling(optimizer: Any, name: str) -> Any:
@@ -378,6 +420,9 @@ def variables_built_on(optimizer: Any, candidates: Any) -> list[Any]:
     ``LossScaleOptimizer``'s inner optimizer.)
     """
     inner = getattr(optimizer, "inner_optimizer", optimizer)
+    if isinstance(inner, _optimizer_v2.OptimizerV2):  # slots by variable key, none for plain SGD
+        slots = getattr(inner, "_slots", {})
+        return [v for v in candidates if _optimizer_v2._var_key(v) in slots]
     index = getattr(inner, "_index_dict", {})
     found = [(index[inner._var_key(v)], v) for v in candidates if inner._var_key(v) in index]
     return [v for _, v in sorted(found, key=lambda pair: pair[0])]
@@ -569,6 +614,15 @@ share_registered_name = sharing_registered_names(_registration._GLOBAL_CUSTOM_NA
 
 class TrainerHooks(Host):
     """Overrides of private ``tf_keras`` ``Model`` methods; ``CustomModel`` inherits it first."""
+
+    def _updated_config(self) -> dict[str, Any]:
+        # `to_json`, `to_yaml` and the H5 format name the class by `__name__`, which tf_keras'
+        # `model_from_json` does not find for a registered class ("custom_fit>CustomModel"): it
+        # returned the string "CustomModel". The registered name finds the class with no
+        # custom_objects; an unregistered subclass keeps its own name, as in tf_keras.
+        config: dict[str, Any] = super()._updated_config()
+        config["class_name"] = keras.saving.get_registered_name(type(self))
+        return config
 
     @functools.wraps(keras.Model.fit)
     def fit(self, *args: Any, **kwargs: Any) -> Any:

@@ -49,6 +49,7 @@ __all__ = [
     "BACKUP_WEIGHTS_FILE",
     "GROUP_COMPILE_KWARGS",
     "KERAS_VERSION",
+    "OPTIMIZER_CLASSES",
     "OPTIMIZER_GROUP_KWARGS",
     "SAVES_UNCONFIGURABLE_MODELS",
     "STEP_UPDATES_LOSS_TRACKER",
@@ -56,6 +57,7 @@ __all__ = [
     "LossScaleOptimizer",
     "SeedGenerator",
     "TrainerHooks",
+    "build_optimizer",
     "call_accepts_training",
     "check_compile_arguments",
     "compiled_metrics_container",
@@ -99,6 +101,9 @@ _STEPS_ON_A_FETCHED_BATCH = keras3_only.VERSION >= (3, 16)
 
 #: Keras 3's steps add the loss to the ``loss`` tracker themselves (``compute_loss`` does not).
 STEP_UPDATES_LOSS_TRACKER = True
+
+#: What ``compile`` and ``minimize`` take as an optimizer.
+OPTIMIZER_CLASSES: tuple[type, ...] = (keras.optimizers.Optimizer,)
 
 #: Keras 3 raises ``NotImplementedError`` when it cannot configure a subclassed model it saves.
 SAVES_UNCONFIGURABLE_MODELS = False
@@ -338,6 +343,11 @@ mark_built_if_complete = marks_built_if_complete(keras.layers.Layer, keras.Model
 # --------------------------------------------------------------------------
 # Optimizers, distribution and mixed precision
 # --------------------------------------------------------------------------
+
+
+def build_optimizer(optimizer: Any, variables: list[Any]) -> None:
+    """``optimizer.build(variables)``: creates its state for ``variables``."""
+    optimizer.build(variables)
 
 
 def optimizer_built(optimizer: Any) -> bool:
