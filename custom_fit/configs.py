@@ -96,13 +96,16 @@ def serialize_argument(value: Any, owner: str) -> Any:
     if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
         return {k: serialize_argument(v, owner) for k, v in value.items()}
     try:
-        return {_KERAS_OBJECT: keras.saving.serialize_keras_object(value)}
+        serialized = keras.saving.serialize_keras_object(value)
     except Exception as error:
         raise NotImplementedError(
             f"custom_fit cannot save {owner}: expected Keras objects (layers, models, optimizers, "
             f"losses, registered functions) or plain values, received {type(value).__name__} "
             f"({error}). Fix: define get_config() (and from_config() if needed) on the class."
         ) from error
+    if isinstance(serialized, (bool, int, float)):
+        return serialized  # a NumPy scalar: a plain number in the config, as Keras writes it
+    return {_KERAS_OBJECT: serialized}
 
 
 def _serialize_arguments(arguments: Mapping[str, Any], owner: str) -> dict[str, Any]:

@@ -221,3 +221,19 @@ def test_model_from_json_rebuilds_the_same_class(kind):
     rebuilt.set_weights(model.get_weights())
     np.testing.assert_array_equal(rebuilt.predict(DATA["x"], verbose=0), model.predict(DATA["x"], verbose=0))
 
+
+def test_a_numpy_scalar_constructor_argument_is_a_plain_number_in_the_config():
+    """Fails on 7a9ee83: the config held {"__custom_fit_keras_object__": 10}, custom_fit's wrapper, for np.int32(10)."""
+
+    class Units(custom_fit.CustomModel):
+        def __init__(self, units, **kwargs):
+            super().__init__(**kwargs)
+            self.units = units
+            self.dense = keras.layers.Dense(int(units))
+
+        def call(self, inputs):
+            return self.dense(inputs)
+
+    config = Units(np.int32(10)).get_config()
+    assert config["units"] == 10 and type(config["units"]) is int
+    assert Units.from_config(config).units == 10
