@@ -105,8 +105,9 @@ STEP_UPDATES_LOSS_TRACKER = True
 #: What ``compile`` and ``minimize`` take as an optimizer.
 OPTIMIZER_CLASSES: tuple[type, ...] = (keras.optimizers.Optimizer,)
 
-#: Keras 3 raises ``NotImplementedError`` when it cannot configure a subclassed model it saves.
-SAVES_UNCONFIGURABLE_MODELS = False
+#: Keras 3.12+ raises ``NotImplementedError`` when it cannot configure a subclassed model it saves;
+#: 3.8-3.11 save a config without the arguments (which ``load_model`` cannot use).
+SAVES_UNCONFIGURABLE_MODELS = keras3_only.VERSION < (3, 12)
 
 #: Base ``Optimizer.__init__`` arguments of an optimizer group (its own rate is never used).
 OPTIMIZER_GROUP_KWARGS: dict[str, Any] = {"learning_rate": 0.0}
