@@ -113,7 +113,7 @@ def gan(base: type, named: bool) -> Any:
             self.discriminator = keras.Sequential([keras.Input((parity.N_FEATURES,)), keras.layers.Dense(1)])
             self.generator = keras.Sequential([keras.Input((4,)), keras.layers.Dense(parity.N_FEATURES)])
 
-        def compile(self, d_optimizer, g_optimizer):  # type: ignore[override]  # keras.io's signature
+        def compile(self, d_optimizer, g_optimizer):  # keras.io's signature
             if named:
                 super().compile(optimizer={"discriminator": d_optimizer, "generator": g_optimizer})
             else:
