@@ -32,6 +32,7 @@ __all__ = [
     "UnusedOptimizerWarning",
     "UnusedRegularizationWarning",
     "missing_targets_error",
+    "no_loss_error",
 ]
 
 GradsAndVars = list[tuple[Any, Any]]
@@ -236,6 +237,15 @@ def missing_targets_error(model: Any) -> ValueError:
         "batches with inputs only. Fix: pass `y` to fit()/evaluate(), make the dataset "
         "yield (x, y) pairs, or compile without `loss` and add the loss with "
         "`self.add_loss()` or an overridden `compute_loss`."
+    )
+
+
+def no_loss_error(model: Any) -> ValueError:
+    """The error for a step whose loss is ``None``: no loss compiled and none added (tf_keras' wording first)."""
+    return ValueError(
+        f"No loss found. {type(model).__name__}.minimize() received loss=None for model '{model.name}': "
+        "expected a loss to minimize, from compile(loss=...) or from losses the model adds with "
+        "`self.add_loss()`. Fix: pass `loss=` to compile(), or add a loss in `call` or `compute_loss`."
     )
 
 

@@ -229,7 +229,8 @@ class CustomModel(
                 (wrapped for loss scaling under ``mixed_float16``).
 
         Raises:
-            ValueError: ``optimizer`` names no optimizer of this model, a named
+            ValueError: ``loss`` is ``None`` (no loss compiled or added),
+                ``optimizer`` names no optimizer of this model, a named
                 optimizer receives variables it does not update, or none of
                 ``variables`` has a gradient.
 
@@ -243,6 +244,8 @@ class CustomModel(
             ...         self.minimize(loss, tape, self.trainable_weights)
             ...         return {"loss": loss}
         """
+        if loss is None:
+            raise diagnostics.no_loss_error(self)
         variables = list(variables)
         name = optimizer if isinstance(optimizer, str) else None
         optimizer = optimizers.resolve(self, optimizer, variables)

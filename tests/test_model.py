@@ -514,3 +514,34 @@ def test_log_values_needs_compile():
         ),
     ):
         model.log_values(X, d_loss=1.0)
+
+
+def test_fit_without_any_loss_says_no_loss_was_found():
+    """Fails on 7a9ee83 (Keras 2): TypeError from tape.gradient(None); tf_keras.Model raises "No loss found"."""
+    model = custom_fit.CustomSequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile("sgd")
+    x = np.ones((10, 1), "float32")
+    if custom_fit.KERAS_2:  # Keras 2's compute_loss returns None: the same error type and first words as tf_keras
+        with pytest.raises(ValueError, match=r"No loss found\. CustomSequential\.minimize\(\) received loss=None.*Fix"):
+            model.fit(x, x, epochs=1, verbose=0)
+        plain = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+        plain.compile("sgd")
+        with pytest.raises(ValueError, match="No loss found"):
+            plain.fit(x, x, epochs=1, verbose=0)
+    else:  # Keras 3's own compute_loss raises first, as for keras.Model
+        with pytest.raises(ValueError, match="No loss to compute"):
+            model.fit(x, x, epochs=1, verbose=0)
+
+
+def test_minimize_with_a_loss_of_none_says_so():
+    class NoLoss(custom_fit.CustomModel):
+        def train_step(self, data):
+            with tf.GradientTape() as tape:
+                self(data[0], training=True)
+            self.minimize(None, tape, self.trainable_variables)
+            return {}
+
+    model = functional(NoLoss)
+    model.compile("sgd")
+    with pytest.raises(ValueError, match=r"No loss found\. NoLoss\.minimize\(\) received loss=None"):
+        model.fit(X, Y, epochs=1, verbose=0)
