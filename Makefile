@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 JOBS ?= 2
 PYTEST := $(PY) -m pytest -n $(JOBS) --dist loadgroup
 
-.PHONY: install demo test test-keras3 test-keras2 test-crash test-fast test-compat test-compat-lean compat-venvs py313-venv test-py313 lint format bench dist docs clean
+.PHONY: keras2-peer install demo test test-keras3 test-keras2 test-crash test-fast test-compat test-compat-lean compat-venvs py313-venv test-py313 lint format bench dist docs clean
 
 install: $(STAMP)
 
@@ -108,6 +108,12 @@ $(PY313)/venv.installed: $(PY313)/root.installed constraints.txt setup.cfg setup
 test-py313: $(PY313)/venv.installed
 	$(PY313_PYTEST) $(PY313_KERAS3_TESTS) -k "$(COMPAT_DESELECT)"
 	TF_USE_LEGACY_KERAS=1 $(PY313_PYTEST) $(PY313_KERAS2_TESTS) -k "$(COMPAT_DESELECT)"
+
+## tf_keras' own engine tests, as they are and with CustomModel swapped in (compat/keras2_peer.py).
+## Needs a checkout of keras-team/tf-keras: make keras2-peer TF_KERAS_REPO=DIR (numbers: docs/testing.md).
+keras2-peer: $(STAMP)
+	$(if $(TF_KERAS_REPO),,$(error set TF_KERAS_REPO to a checkout of keras-team/tf-keras))
+	$(PY) compat/keras2_peer.py --repo $(TF_KERAS_REPO) --out keras2-peer
 
 ## Lint, format check and type check of the whole tree (CI runs it before the tests).
 lint: $(STAMP)
