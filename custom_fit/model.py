@@ -360,3 +360,14 @@ class CustomSequential(CustomModel, keras.Sequential):
         >>> model.fit(np.ones((8, 4)), np.zeros((8, 1)), verbose=0).history["loss"][0] > 0
         True
     """
+
+    @_compat.marked_as(keras.Sequential.build)
+    def build(self, input_shape: Any = None) -> None:
+        """``keras.Sequential.build``; defined here as ``Sequential`` defines it (and marked as it is marked).
+
+        tf_keras raises "Weights for model ... have not yet been created" for
+        an unbuilt model only when the model's own class defines ``build``;
+        without this, an unbuilt ``CustomSequential`` would report no weights
+        where ``Sequential`` raises.
+        """
+        super().build(input_shape)

@@ -237,3 +237,21 @@ def test_a_numpy_scalar_constructor_argument_is_a_plain_number_in_the_config():
     config = Units(np.int32(10)).get_config()
     assert config["units"] == 10 and type(config["units"]) is int
     assert Units.from_config(config).units == 10
+
+
+def test_an_unbuilt_sequential_reports_its_weights_as_keras_sequential_does():
+    """Fails on 7a9ee83 (Keras 2): tf_keras' Sequential raises "have not yet been created", CustomSequential did not."""
+    results: dict[type, int | str] = {}
+    for base in (keras.Sequential, custom_fit.CustomSequential):
+        model = base([keras.layers.Dense(4), keras.layers.Dense(2)])
+        try:
+            results[base] = len(model.weights)
+        except ValueError as error:
+            results[base] = "raised: " + str(error).split(" for model")[0]
+    assert results[custom_fit.CustomSequential] == results[keras.Sequential]
+    if custom_fit.KERAS_2:
+        assert results[keras.Sequential] == "raised: Weights"
+    model = custom_fit.CustomSequential([keras.layers.Dense(4), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse")
+    model.fit(DATA["x"], DATA["x"][:, :2], epochs=1, verbose=0)
+    assert model.built and len(model.weights) == 4

@@ -154,6 +154,7 @@ EXTENSION_POINTS = {
     "custom_fit._compat.keras3._LoggedValuesList.result": "Metric.result, the public metric API",
     "custom_fit._compat.common.CountingCall.__call__": "Regularizer.__call__, the public regularizer API",
     "custom_fit._compat.keras2.SeedGenerator.__init__": "a Layer's constructor",
+    "custom_fit.model.CustomSequential.build": "delegates to Sequential.build; defined as Sequential defines it",
 }
 if custom_fit.KERAS_2:
     EXTENSION_POINTS["custom_fit.callbacks.LazyCallbackList"] = "unused on Keras 2: tf_keras skips unused hooks itself"

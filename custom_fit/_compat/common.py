@@ -27,6 +27,7 @@ __all__ = [
     "find_untracked_variables",
     "is_scalar",
     "loss_scaling",
+    "marked_as",
     "marks_built_if_complete",
     "not_compiled_error",
     "record_compile_option",
@@ -197,6 +198,23 @@ def sharing_registered_names(
         registry[twin] = get_registered_name(cls)
 
     return share_registered_name
+
+
+def marked_as(keras_method: Callable[..., Any]) -> Callable[[T], T]:
+    """A decorator: the method carries ``keras_method``'s "default" mark (``_is_default``), if it has one.
+
+    Keras calls a layer's ``build`` (tf_keras' ``Sequential.build`` is marked
+    default, Keras 3's is not) or generates a ``get_config`` only where the
+    method is its own default; an override that delegates to Keras' must keep
+    that mark for Keras to treat it alike.
+    """
+
+    def mark(method: T) -> T:
+        if getattr(keras_method, "_is_default", False):
+            method._is_default = True  # type: ignore[attr-defined]
+        return method
+
+    return mark
 
 
 class CountingCall:
