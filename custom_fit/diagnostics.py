@@ -179,7 +179,7 @@ class StepDiagnostics:
         untracked = [u for u in _compat.untracked_variables(self._model) if u.variable.trainable]
         if not untracked or not tf.inside_function():
             return
-        captured = {id(external) for external, _ in tf.compat.v1.get_default_graph().captures}
+        captured = _captured_in_trace()
         read = [u.name for u in untracked if id(u.variable.handle) in captured]
         if read:
             model = self._model
@@ -258,5 +258,9 @@ def _applied_in_trace(optimizer: Any) -> bool:
     """
     iterations = optimizer.iterations
     variable = iterations if isinstance(iterations, tf.Variable) else iterations.value  # a Keras 3 variable
-    captured = {id(external) for external, _ in tf.compat.v1.get_default_graph().captures}
-    return id(getattr(variable, "handle", None)) in captured
+    return id(getattr(variable, "handle", None)) in _captured_in_trace()
+
+
+def _captured_in_trace() -> set[int]:
+    """The ids of the outside tensors (variable handles among them) the step being traced reads."""
+    return {id(external) for external, _ in tf.compat.v1.get_default_graph().captures}

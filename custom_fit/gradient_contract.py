@@ -40,6 +40,7 @@ from typing import Any
 import tensorflow as tf
 
 from custom_fit import _compat
+from custom_fit.diagnostics import GradsAndVars
 
 __all__ = [
     "Handoff",
@@ -49,8 +50,6 @@ __all__ = [
     "true_gradients",
     "without_clip_after_aggregation",
 ]
-
-GradsAndVars = list[tuple[Any, Any]]
 
 
 @dataclasses.dataclass
