@@ -11,7 +11,7 @@ would fail. Bumping a compat row: run it with the row's Python
 (``.venv-compat/<row>/bin/python compat/keras_internals.py``); for each
 CHANGED line re-check the copy against the new upstream source (diff the
 function between the two versions), fix the copy if needed, then run it again
-with ``--record``, which writes custom_fit/_compat/internals_hashes.py.
+with ``--record``, which writes the hashes into custom_fit/_compat/internals.json.
 
 Hashes of any released version, without installing it::
 
@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 COMPAT = REPOSITORY / "custom_fit" / "_compat"
-HASHES_FILE = COMPAT / "internals_hashes.py"
 PACKAGES = ("keras", "tf_keras")
 
 
@@ -50,10 +50,8 @@ internals = _load("custom_fit_internals", COMPAT / "internals.py")
 
 
 def recorded() -> dict[str, dict[str, tuple[str, ...]]]:
-    """The hashes in custom_fit/_compat/internals_hashes.py (empty before the first record)."""
-    if not HASHES_FILE.exists():
-        return {}
-    return dict(_load("custom_fit_internals_hashes", HASHES_FILE).RECORDED)
+    """The recorded hashes, ``{copy id: {hash: versions}}``."""
+    return {copy.id: dict(copy.hashes) for copy in internals.COPIES}
 
 
 def report(package: str, root: Path, table: dict[str, dict[str, tuple[str, ...]]]) -> tuple[str, dict[str, str], bool]:
@@ -78,34 +76,28 @@ def report(package: str, root: Path, table: dict[str, dict[str, tuple[str, ...]]
 
 
 def write(table: dict[str, dict[str, tuple[str, ...]]]) -> None:
-    """Writes ``table`` to custom_fit/_compat/internals_hashes.py, in a stable order."""
-    lines = [
-        '"""The reviewed source hashes of the Keras internals custom_fit copies (see ``internals``).',
-        "",
-        "``RECORDED[copy id][hash]`` lists the Keras (or tf_keras) versions whose upstream",
-        "functions hash to ``hash``; ``tests/test_keras_internals.py`` compares the installed",
-        "version's with them. Written by ``python compat/keras_internals.py --record`` once a",
-        "changed copy was re-checked; not edited by hand.",
-        '"""',
-        "",
-        "RECORDED: dict[str, dict[str, tuple[str, ...]]] = {",
-    ]
-    for copy in internals.COPIES:
-        by_hash = table.get(copy.id, {})
-        if not by_hash:
-            continue
-        lines.append(f'    "{copy.id}": {{')
-        ordered = sorted(by_hash.items(), key=lambda item: min(internals._release_key(v) for v in item[1]))
-        for hash_, versions in ordered:
-            quoted = [f'"{v}"' for v in sorted(versions, key=internals._release_key)]
-            line = f'        "{hash_}": ({", ".join(quoted)}{"," if len(quoted) == 1 else ""}),'
-            if len(line) <= 120:  # the layout `ruff format` gives (make lint checks it)
-                lines.append(line)
-            else:
-                lines += [f'        "{hash_}": (', *(f"            {v}," for v in quoted), "        ),"]
-        lines.append("    },")
+    """Writes ``table`` into custom_fit/_compat/internals.json, in a stable order.
+
+    The registry keeps its order and its other fields; each copy's hashes are
+    ordered by their oldest version. One list per line keeps diffs readable.
+    """
+    data = json.loads(internals.DATA_FILE.read_text(encoding="utf-8"))
+    lines = ["{"]
+    for n, (copy_id, entry) in enumerate(data.items()):
+        by_hash = sorted(table.get(copy_id, {}).items(), key=lambda item: min(map(internals._release_key, item[1])))
+        hashes = [f"{json.dumps(h)}: {json.dumps(sorted(vs, key=internals._release_key))}" for h, vs in by_hash]
+        lines += [
+            f"  {json.dumps(copy_id)}: {{",
+            f'    "package": {json.dumps(entry["package"])},',
+            f'    "upstream": {json.dumps(entry["upstream"])},',
+            f'    "copies": {json.dumps(entry["copies"])},',
+            '    "hashes": {' + ("" if hashes else "}"),
+            *[f"      {line}," for line in hashes[:-1]],
+            *([f"      {hashes[-1]}", "    }"] if hashes else []),
+            "  }" + ("," if n < len(data) - 1 else ""),
+        ]
     lines.append("}")
-    HASHES_FILE.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    internals.DATA_FILE.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def record(table: dict[str, dict[str, tuple[str, ...]]], version: str, hashes: dict[str, str]) -> None:
@@ -136,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             record(table, version, hashes)
     if args.record:
         write(table)
-        print(f"recorded in {HASHES_FILE.relative_to(REPOSITORY)}")
+        print(f"recorded in {internals.DATA_FILE.relative_to(REPOSITORY)}")
         return 0
     return 0 if all_ok else 1
 

@@ -33,6 +33,7 @@ __all__ = [
     "IncompleteBackupWarning",
     "MissingGradientWarning",
     "NamedOptimizers",
+    "UnreviewedKerasWarning",
     "UntrackedVariableWarning",
     "UnusedOptimizerWarning",
     "UnusedRegularizationWarning",
@@ -46,7 +47,7 @@ __all__ = [
 # Eager imports: `import custom_fit` loads TensorFlow and Keras and registers custom_fit's classes
 # with Keras, so that `keras.models.load_model` finds them after a bare `import custom_fit`.
 from custom_fit import gan
-from custom_fit._compat import KERAS_2, KERAS_VERSION, keras
+from custom_fit._compat import KERAS_2, KERAS_VERSION, UnreviewedKerasWarning, keras
 from custom_fit.backup_and_restore import BackupAndRestore
 from custom_fit.backup_store import BackupDirectoryInUseError, IncompleteBackupWarning
 from custom_fit.compiled import CompiledLoss, CompiledMetrics

@@ -192,8 +192,11 @@ PROPERTIES = {"keras", "Functional", "LossScaleOptimizer", "TrainerHooks"}
 def test_compat_exports_exactly_its_declared_names():
     """No star imports and no leaks: the package's public names are its ``__all__`` (and its submodules)."""
     assert set(_compat.__all__) >= {"KERAS_2", *contract_names()}
-    common = importlib.import_module("custom_fit._compat.common")
-    assert set(_compat.__all__) - {"KERAS_2", *contract_names()} <= set(common.__all__)
+    shared = {
+        *importlib.import_module("custom_fit._compat.common").__all__,
+        *importlib.import_module("custom_fit._compat.internals").__all__,
+    }
+    assert set(_compat.__all__) - {"KERAS_2", *contract_names()} <= shared
     for name in _compat.__all__:
         assert hasattr(_compat, name), name
     public = {name for name in vars(_compat) if not name.startswith("_")}

@@ -1,16 +1,21 @@
 """Tripwires: every Keras internal custom_fit copies is the source its copy was reviewed against.
 
-custom_fit/_compat/internals.py lists the copies, internals_hashes.py the
-reviewed hashes per Keras and tf_keras version, docs/keras_internals.md what
-each copy changes and why. When a Keras release changes one of the upstream
-functions, its test here fails and names the copy to re-check.
+custom_fit/_compat/internals.json lists the copies with the reviewed hashes
+per Keras and tf_keras version (custom_fit/_compat/internals.py reads it),
+docs/keras_internals.md what each copy changes and why. When a Keras release
+changes one of the upstream functions, its test here fails and names the copy
+to re-check; importing custom_fit on a release the data does not list warns.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import pkgutil
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +23,6 @@ import pytest
 
 import custom_fit
 from custom_fit._compat import internals, keras
-from custom_fit._compat.internals_hashes import RECORDED
 
 IN_USE = "tf_keras" if custom_fit.KERAS_2 else "keras"
 ROOT = Path(__file__).parent.parent
@@ -29,7 +33,7 @@ def test_upstream_source_is_the_one_the_copy_was_reviewed_against(copy):
     root = internals.installed_root(copy.package)
     assert root is not None, f"{copy.package} is not installed; install the test extra: pip install -e .[test]"
     version = internals.version_of(copy.package, root)
-    verdict = internals.check(copy, version, internals.upstream_hash(copy, root), RECORDED.get(copy.id, {}))
+    verdict = internals.check(copy, version, internals.upstream_hash(copy, root), copy.hashes)
     assert verdict.ok, verdict.message
 
 
@@ -77,7 +81,9 @@ def _pinned_versions() -> dict[str, set[str]]:
     for row in [ROOT / "constraints.txt", *(ROOT / "compat").glob("*.txt")]:
         lines = row.read_text(encoding="utf-8").splitlines()
         pins = dict(line.split("==", 1) for line in lines if "==" in line and not line.startswith("#"))
-        if "keras-nightly" in pins:  # it replaces the keras release install_requires pulls first
+        # keras-nightly replaces the keras release install_requires pulls first, unless the row
+        # keeps that release as the module (Makefile: `# keras module: keras`).
+        if "keras-nightly" in pins and "# keras module: keras" not in lines:
             pins["keras"] = pins.pop("keras-nightly")
         for package, versions in pinned.items():
             if package in pins:
@@ -88,8 +94,97 @@ def _pinned_versions() -> dict[str, set[str]]:
 def test_every_pinned_version_has_reviewed_hashes():
     pinned = _pinned_versions()
     for copy in internals.COPIES:
-        recorded = {version for versions in RECORDED[copy.id].values() for version in versions}
+        recorded = copy.versions()
         assert pinned[copy.package] <= recorded, f"{copy.id}: no hashes for {sorted(pinned[copy.package] - recorded)}"
+
+
+def test_every_needed_upstream_function_exists_in_the_installed_keras():
+    """What the import-time check calls gone (an ImportError) exists in every tested version."""
+    root = internals.installed_root(IN_USE)
+    assert root is not None
+    missing = {copy.id: internals.missing_upstream(copy, root) for copy in internals.copies_of(IN_USE)}
+    assert not {id: names for id, names in missing.items() if names}
+
+
+# -- the check at import ------------------------------------------------------------------
+
+
+def test_on_a_listed_version_the_import_check_hashes_nothing(monkeypatch):
+    def hashing(*args):
+        raise AssertionError("hashed a listed version")
+
+    monkeypatch.setattr(internals, "upstream_hash", hashing)
+    monkeypatch.setattr(internals, "missing_upstream", hashing)
+    assert internals.check_installed.__wrapped__(IN_USE) == ()
+
+
+def _next_version(version: str) -> str:
+    """A version after ``version`` and before any newer recorded one (``3.15.1`` -> ``3.15.2``)."""
+    head, _, last = version.rpartition(".")
+    digits = last.lstrip("dev")
+    return f"{head}.{last[: len(last) - len(digits)]}{int(digits) + 1}"
+
+
+def _unreviewed_keras(tmp_path: Path, edit: str) -> tuple[Path, internals.Copy]:
+    """A copy of the installed Keras as a newer version, with one copied internal edited.
+
+    ``edit`` is ``"changed"`` (a statement added to the function: its hash changes, its
+    behaviour does not) or ``"gone"`` (the function renamed away).
+    """
+    root = internals.installed_root(IN_USE)
+    assert root is not None
+    shutil.copytree(root / IN_USE, tmp_path / IN_USE, ignore=shutil.ignore_patterns("__pycache__"))
+    version = internals.version_of(IN_USE, root)
+    version_file = tmp_path / internals._VERSION_FILES[IN_USE]
+    version_file.write_text(version_file.read_text().replace(f'"{version}"', f'"{_next_version(version)}"', 1))
+    copy = next(c for c in internals.copies_of(IN_USE) if c.id in ("k3-make-function", "k2-make-train-function"))
+    module = copy.upstream_names()[0].split(":")[0]
+    file = tmp_path / Path(*module.split(".")).with_suffix(".py")
+    lines = file.read_text().splitlines(keepends=True)
+    tree = internals._parsed.__wrapped__(file)
+    assert tree is not None
+    for spelling in copy.upstream[0].split("|"):
+        nodes = internals._find(tree, spelling.split(":")[-1])
+        if nodes:
+            break
+    function: Any = nodes[0]
+    if edit == "changed":
+        first = function.body[0]
+        start = min([first.lineno, *(d.lineno for d in getattr(first, "decorator_list", []))])
+        lines.insert(start - 1, " " * first.col_offset + "pass\n")
+    else:
+        name = function.name
+        lines[function.lineno - 1] = lines[function.lineno - 1].replace(f"def {name}(", f"def {name}_gone(", 1)
+    file.write_text("".join(lines))
+    return tmp_path, copy
+
+
+def _import_custom_fit(path: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(path), str(ROOT)])}
+    code = "import warnings; warnings.simplefilter('default'); import custom_fit; print('imported')"
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_an_unreviewed_keras_that_changed_a_copied_internal_warns_once_at_import(tmp_path):
+    path, copy = _unreviewed_keras(tmp_path, "changed")
+    result = _import_custom_fit(path)
+    assert result.returncode == 0 and "imported" in result.stdout, result.stderr[-3000:]
+    warned = [line for line in result.stderr.splitlines() if "UnreviewedKerasWarning" in line]
+    assert len(warned) == 1, result.stderr[-3000:]
+    assert "custom_fit has not been reviewed against" in warned[0]
+    assert "changed 1 of the" in warned[0]
+    assert f"[{copy.id}], made from {copy.upstream_names()[0]}" in result.stderr
+    assert "pip install" in result.stderr
+
+
+@pytest.mark.slow
+def test_an_unreviewed_keras_without_a_needed_function_fails_at_import(tmp_path):
+    path, copy = _unreviewed_keras(tmp_path, "gone")
+    result = _import_custom_fit(path)
+    assert result.returncode != 0
+    assert "ImportError: custom_fit cannot run on" in result.stderr, result.stderr[-3000:]
+    assert f"no longer defines: {copy.upstream_names()[0]} ({copy.id})" in result.stderr
 
 
 # -- the verdicts -----------------------------------------------------------------------
@@ -198,6 +293,6 @@ def test_every_override_of_a_keras_method_is_a_listed_copy_or_a_public_extension
     )
     assert not unlisted, (
         f"custom_fit overrides these {IN_USE} methods without a tripwire: {unlisted}. Fix: add each to "
-        "custom_fit/_compat/internals.py (and docs/keras_internals.md), or to EXTENSION_POINTS here "
+        "custom_fit/_compat/internals.json (and docs/keras_internals.md), or to EXTENSION_POINTS here "
         "with the reason its upstream source does not matter."
     )

@@ -35,9 +35,14 @@ from custom_fit._compat.common import (
     set_untracked,
     variable_names_without_model,
 )
+from custom_fit._compat.internals import UnreviewedKerasWarning, check_installed
 
 #: Whether ``tf.keras`` is Keras 2 (``tf_keras``, ``TF_USE_LEGACY_KERAS=1``) rather than Keras 3.
 KERAS_2: bool = _tf.keras.__name__.startswith("tf_keras")
+
+# Before the version module reads Keras' private names: on a Keras release the recorded hashes do
+# not list, say which copied internals changed (a warning) or are gone (an ImportError).
+check_installed("tf_keras" if KERAS_2 else "keras")
 
 # The version module in use. `TrainerHooks` (a base class of CustomModel) and `keras` (a module)
 # are imported by name, so that type checkers see a class and a module; everything else comes
@@ -109,10 +114,12 @@ __all__ = [
     "LossScaleOptimizer",
     "SeedGenerator",
     "TrainerHooks",
+    "UnreviewedKerasWarning",
     "batch_size_of",
     "build_optimizer",
     "call_accepts_training",
     "check_compile_arguments",
+    "check_installed",
     "compiled_metrics_container",
     "compute_loss_accepts_training",
     "counting_regularizer_calls",
