@@ -168,7 +168,10 @@ class ConfigFromConstructor(Host):
         arguments = getattr(self, "_constructor_arguments", None)
         if arguments is None or isinstance(self, (_compat.Functional, keras.Sequential)):
             return super().get_config()
-        base = {"name": self.name, "trainable": self.trainable}
+        # Keras' base keys (name, trainable, dtype; tf_keras: batch_input_shape), which
+        # `Layer.get_config` returns alone for a class with its own `get_config`; kept where
+        # `__init__` takes them back, as Keras' automatic config does.
+        base = keras.layers.Layer.get_config(self)
         config = {k: v for k, v in base.items() if _accepts(type(self).__init__, k)}
         try:
             config.update(_serialize_arguments(arguments, f"{type(self).__name__}.__init__ argument"))

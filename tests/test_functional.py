@@ -239,6 +239,40 @@ def test_a_numpy_scalar_constructor_argument_is_a_plain_number_in_the_config():
     assert Units.from_config(config).units == 10
 
 
+def _with_kwargs(base: type) -> type:
+    class WithKwargs(base):
+        def __init__(self, units, **kwargs):
+            super().__init__(**kwargs)
+            self.units = units
+            self.dense = keras.layers.Dense(units)
+
+        def call(self, inputs):
+            return self.dense(inputs)
+
+    return WithKwargs
+
+
+@pytest.mark.keras2  # Keras 3's keras.Model writes no automatic config for a model defined in a function
+def test_the_constructor_config_has_the_keys_keras_writes():
+    """Fails on 7a9ee83: the `dtype` key tf_keras writes for an `__init__` with **kwargs was left out.
+
+    tf_keras' own `training_test.test_get_config_kwargs` with the swap caught it.
+    """
+    configs = [_with_kwargs(base)(10, name="m").get_config() for base in (keras.Model, custom_fit.CustomModel)]
+    assert configs[1] == configs[0] == {"name": "m", "trainable": True, "dtype": "float32", "units": 10}
+
+
+def test_a_model_with_kwargs_keeps_its_dtype_policy_through_save_and_load(tmp_path):
+    """Fails on 7a9ee83: the config had no `dtype`, so a mixed_float16 model loaded as float32."""
+    model_class = _with_kwargs(custom_fit.CustomModel)
+    model = model_class(4, dtype="mixed_float16")
+    model(DATA["x"][:2])
+    model.save(tmp_path / "model.keras")
+    loaded = keras.models.load_model(tmp_path / "model.keras", custom_objects={"WithKwargs": model_class})
+    assert loaded.dtype_policy.name == model.dtype_policy.name == "mixed_float16"
+    np.testing.assert_array_equal(loaded.predict(DATA["x"], verbose=0), model.predict(DATA["x"], verbose=0))
+
+
 def test_an_unbuilt_sequential_reports_its_weights_as_keras_sequential_does():
     """Fails on 7a9ee83 (Keras 2): tf_keras' Sequential raises "have not yet been created", CustomSequential did not."""
     results: dict[type, int | str] = {}
