@@ -258,16 +258,28 @@ def explain_xla_errors(model: Any, function: Callable[..., Any]) -> Callable[...
             if not (model.jit_compile and found):
                 raise
             device, ops = found.groups()
-            raise ValueError(
+            raise XlaCompileError(
                 f"XLA cannot compile the step of model '{model.name}': op {ops} has no "
                 f"XLA kernel on {device}. Expected every op in train/test/predict_step "
                 "to be XLA-compilable because the model was compiled with "
                 f"jit_compile=True; received a step that uses {ops}. Fix: "
                 "`model.compile(..., jit_compile=False)`, or replace that op with an "
-                "XLA-compatible one."
+                f"XLA-compatible one. (TensorFlow: {str(error.message).strip().splitlines()[0]})",
+                error,
             ) from error
 
     return function_with_clear_xla_errors
+
+
+class XlaCompileError(ValueError, tf.errors.InvalidArgumentError):
+    """An op of the step has no XLA kernel (``jit_compile=True``); the message names the op and the fix.
+
+    Both a ``ValueError`` and the ``tf.errors.InvalidArgumentError`` Keras raises
+    there, so code written against either still catches it.
+    """
+
+    def __init__(self, message: str, error: tf.errors.InvalidArgumentError):
+        tf.errors.InvalidArgumentError.__init__(self, error.node_def, error.op, message)
 
 
 # --------------------------------------------------------------------------
