@@ -16,7 +16,7 @@ install: $(STAMP)
 $(STAMP): setup.cfg setup.py pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[test,demo,lint,docs]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[test,keras2,demo,lint,docs]"
 	touch $(STAMP)
 
 ## Train a CNN on scikit-learn's bundled digits with CustomModel and keras.Model, side by side.
@@ -44,7 +44,7 @@ test-fast: $(STAMP)
 	$(PYTEST) -m "not slow" tests custom_fit
 
 ## Extra rows of the support matrix (compat/*.txt): one venv each, the compat subset of the tests.
-COMPAT_ROWS ?= keras-3.8 keras-3.12 keras-3.16-nightly tf_keras-2.17
+COMPAT_ROWS ?= keras-3.8 keras-3.12 keras-3.16-nightly tensorflow-2.22-rc tf_keras-2.17
 COMPAT_TESTS := tests/test_model_parity.py tests/test_compiled.py tests/test_optimizers.py tests/test_gan.py \
 	tests/test_model_saving.py tests/test_functional.py tests/test_distribute.py tests/test_keras_internals.py \
 	tests/test_gradient_contract.py tests/test_keras2_optimizer_api.py tests/test_legacy_optimizers.py
@@ -58,14 +58,21 @@ test-compat: $(addprefix test-compat-,$(COMPAT_ROWS))
 compat-venvs: $(COMPAT_VENVS)
 .PRECIOUS: .venv-compat/%/.installed  # a stamp, not an intermediate file make may delete
 
-# A row that pins keras-nightly (the `keras` module under another distribution name) first gets
-# the keras release install_requires pulls, which is then removed and the nightly installed instead.
+# A row gets the keras2 extra (tf_keras) when it pins tf_keras: tf_keras pins its TensorFlow minor,
+# so a row with a TensorFlow that has no tf_keras yet runs Keras 3 only.
+# keras-nightly installs the `keras` module under another distribution name. A row that pins it
+# first gets the keras release install_requires pulls, which is then removed and the nightly
+# installed instead. A row whose TensorFlow pulls keras-nightly (a TensorFlow release candidate)
+# names with `# keras module: keras` the distribution whose files must end up as the module.
 .venv-compat/%/.installed: compat/%.txt constraints.txt setup.cfg setup.py pyproject.toml
 	$(PYTHON) -m venv .venv-compat/$*
 	grep -v -E '$(STACK_PINS)' constraints.txt > .venv-compat/$*/tools.txt
 	.venv-compat/$*/bin/python -m pip install --quiet --upgrade pip
-	.venv-compat/$*/bin/python -m pip install --quiet -c compat/$*.txt -c .venv-compat/$*/tools.txt -e ".[test]"
-	if grep -q -E '^keras-nightly==' compat/$*.txt; then \
+	extras=test; if grep -q -E '^tf_keras==' compat/$*.txt; then extras=test,keras2; fi; \
+	.venv-compat/$*/bin/python -m pip install --quiet -c compat/$*.txt -c .venv-compat/$*/tools.txt -e ".[$$extras]"
+	if grep -q -E '^# keras module: keras$$' compat/$*.txt; then \
+		.venv-compat/$*/bin/python -m pip install --quiet --no-deps --force-reinstall -c compat/$*.txt keras; \
+	elif grep -q -E '^keras-nightly==' compat/$*.txt; then \
 		.venv-compat/$*/bin/python -m pip uninstall --quiet -y keras && \
 		.venv-compat/$*/bin/python -m pip install --quiet -c compat/$*.txt -c .venv-compat/$*/tools.txt keras-nightly; \
 	fi
@@ -127,7 +134,7 @@ dist: $(STAMP)
 	$(PY) -m build --outdir dist .
 	$(PY) -m twine check --strict dist/*
 	$(PY) -c "import glob, zipfile; names = zipfile.ZipFile(*glob.glob('dist/*.whl')).namelist(); \
-		assert 'custom_fit/py.typed' in names, 'wheel lacks custom_fit/py.typed'; \
+		assert {'custom_fit/py.typed', 'custom_fit/_compat/internals.json'} <= set(names), 'wheel lacks package data'; \
 		assert all(n.startswith('custom_fit') for n in names), 'wheel holds more than custom_fit: %s' % names"
 
 ## Build the documentation site (mkdocs.yml, docs/) into site/, offline; any warning fails the build.

@@ -96,7 +96,7 @@ make_venv() {
     rm -rf "$root/venv"
     run python3.13 -m venv /venv
     run python -m pip install --quiet --upgrade pip
-    run python -m pip install --quiet -c constraints.txt -e ".[test,demo]"
+    run python -m pip install --quiet -c constraints.txt -e ".[test,keras2,demo]"
 }
 
 case ${1:-} in

@@ -31,7 +31,10 @@ ROOT = Path(__file__).parent.parent
 @pytest.mark.parametrize("copy", internals.COPIES, ids=lambda copy: copy.id)
 def test_upstream_source_is_the_one_the_copy_was_reviewed_against(copy):
     root = internals.installed_root(copy.package)
-    assert root is not None, f"{copy.package} is not installed; install the test extra: pip install -e .[test]"
+    if root is None and copy.package != IN_USE:
+        # A row whose TensorFlow no tf_keras release accepts yet (compat/tensorflow-2.22-rc.txt).
+        pytest.skip(f"{copy.package} is not installed in this row; its copies are checked where it is")
+    assert root is not None, f"{copy.package} is not installed; install the extras: pip install -e .[test,keras2]"
     version = internals.version_of(copy.package, root)
     verdict = internals.check(copy, version, internals.upstream_hash(copy, root), copy.hashes)
     assert verdict.ok, verdict.message
