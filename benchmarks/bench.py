@@ -59,7 +59,7 @@ the error, where that option fails) and the hand-written ``tf.function`` loop of
 ``benchmarks/baselines.py`` (``ratio_to_loop`` is relative to it). The CNN and the MLP
 also measure ``CustomModel.fit`` given Keras' own ``CallbackList``, whose logs become
 Python numbers after every step: its ratio to ``CustomModel.fit`` is what the lazy
-callbacks of :mod:`custom_fit.callbacks` gain. The workload "fit call cost" is the CNN's
+callbacks of :mod:`custom_fit._callbacks` gain. The workload "fit call cost" is the CNN's
 with one step per sample: its ratios to the loop show what each ``fit`` call costs
 besides its steps, which every short sample of the other workloads pays once; "cnn, 4
 epochs per fit call" trains the CNN's epochs four to a ``fit`` call (and four passes of the
@@ -439,7 +439,7 @@ def keras_gradient_order() -> Iterator[None]:
     work the contract adds (unscale, finite check, rescale) is left out.
     Measurement code only: the module's two functions are swapped back on exit.
     """
-    from custom_fit import gradient_contract as contract
+    from custom_fit import _gradient_contract as contract
 
     saved = contract.true_gradients, contract.hand_over
 

@@ -48,19 +48,19 @@ __all__ = [
 # with Keras, so that `keras.models.load_model` finds them after a bare `import custom_fit`.
 from custom_fit import gan
 from custom_fit._compat import KERAS_2, KERAS_VERSION, UnreviewedKerasWarning, keras
-from custom_fit.backup_and_restore import BackupAndRestore
-from custom_fit.backup_store import BackupDirectoryInUseError, IncompleteBackupWarning
-from custom_fit.compiled import CompiledLoss, CompiledMetrics
-from custom_fit.diagnostics import (
+from custom_fit._backup_and_restore import BackupAndRestore
+from custom_fit._backup_store import BackupDirectoryInUseError, IncompleteBackupWarning
+from custom_fit._compiled import CompiledLoss, CompiledMetrics
+from custom_fit._diagnostics import (
     MissingGradientWarning,
     UntrackedVariableWarning,
     UnusedOptimizerWarning,
     UnusedRegularizationWarning,
 )
 from custom_fit.gan import GAN
-from custom_fit.losses import batch_mean, regularization_loss
-from custom_fit.model import CustomModel, CustomSequential
-from custom_fit.optimizers import NamedOptimizers
+from custom_fit._losses import batch_mean, regularization_loss
+from custom_fit._model import CustomModel, CustomSequential
+from custom_fit._optimizers import NamedOptimizers
 
 
 def __dir__() -> list[str]:

@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from custom_fit.diagnostics import StepDiagnostics
-    from custom_fit.logged_values import LoggedValues
-    from custom_fit.step_fusion import StepsPerExecutionTuner
+    from custom_fit._diagnostics import StepDiagnostics
+    from custom_fit._logged_values import LoggedValues
+    from custom_fit._step_fusion import StepsPerExecutionTuner
 
 __all__ = ["Host", "ModelHost"]
 

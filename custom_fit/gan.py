@@ -21,11 +21,12 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from custom_fit import _compat, optimizers
+from custom_fit import _compat
+from custom_fit import _optimizers as optimizers
 from custom_fit._compat import keras
-from custom_fit.losses import batch_mean, regularization_loss
-from custom_fit.model import CustomModel
-from custom_fit.optimizers import NamedOptimizers
+from custom_fit._losses import batch_mean, regularization_loss
+from custom_fit._model import CustomModel
+from custom_fit._optimizers import NamedOptimizers
 
 __all__ = ["GAN", "LOSSES", "GANLoss"]
 

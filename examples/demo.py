@@ -252,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     import_tensorflow_quietly()
     from tensorflow import keras
 
-    from custom_fit.model import CustomModel
+    from custom_fit._model import CustomModel
 
     data = load_digits_split(args.seed)
     verbose = 0 if args.quiet else 1

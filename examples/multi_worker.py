@@ -53,7 +53,7 @@ def train(epochs: int) -> None:
     from demo import build_cnn, load_digits_split  # examples/demo.py, beside this script
 
     from custom_fit import keras  # Keras 3, or tf_keras under TF_USE_LEGACY_KERAS=1
-    from custom_fit.model import CustomModel
+    from custom_fit._model import CustomModel
 
     task = json.loads(os.environ["TF_CONFIG"])["task"]
     x_train, y_train, x_test, y_test = load_digits_split(seed=0)

@@ -32,7 +32,7 @@ import tensorflow as tf
 
 import custom_fit
 from custom_fit import keras
-from custom_fit.backup_store import BackupStore
+from custom_fit._backup_store import BackupStore
 
 T = TypeVar("T")
 

@@ -2,7 +2,7 @@
 
 Three layers of tests:
 
-* :class:`~custom_fit.backup_store.BackupStore` and the callback's errors;
+* :class:`~custom_fit._backup_store.BackupStore` and the callback's errors;
 * in-process resume: ``fit`` interrupted by an exception at a chosen step,
   then a new model resumes (fast; every input kind and step fusion);
 * the kill harness: ``tests/crash_cases.py`` run as a subprocess, killed with
@@ -31,7 +31,7 @@ import pytest
 
 import custom_fit
 from custom_fit import KERAS_2, keras
-from custom_fit.backup_store import BackupStore
+from custom_fit._backup_store import BackupStore
 from tests import crash_cases, parity
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -177,7 +177,7 @@ def test_store_is_locked_for_one_process(tmp_path: Path) -> None:
 # Holds BackupStore(argv[1])'s lock until killed (imports only the store module's file, not TensorFlow).
 HOLD_LOCK = """
 import importlib.util, sys, time
-spec = importlib.util.spec_from_file_location("backup_store", "custom_fit/backup_store.py")
+spec = importlib.util.spec_from_file_location("backup_store", "custom_fit/_backup_store.py")
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 module.BackupStore(sys.argv[1]).acquire()

@@ -287,7 +287,7 @@ KERAS_2_REFUSED_LOSS_OBJECTS = {
     "simclr",
     "trainer",
 }
-# apply_gradients inside tf.cond: refused with an error that names the fix (see custom_fit.distribution).
+# apply_gradients inside tf.cond: refused with an error that names the fix (see custom_fit._distribution).
 APPLY_IN_COND = {"gradient_accumulation"}
 
 

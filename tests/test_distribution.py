@@ -1,4 +1,4 @@
-"""custom_fit.distribution without a strategy: the merge_call error explained, other errors untouched.
+"""custom_fit._distribution without a strategy: the merge_call error explained, other errors untouched.
 
 The strategy cases themselves (variables created outside the replica context, keras.io-style code
 under MirroredStrategy and MultiWorkerMirroredStrategy) run in subprocesses: tests/test_distribute.py.
@@ -11,7 +11,7 @@ import types
 import pytest
 import tensorflow as tf
 
-from custom_fit import distribution
+from custom_fit import _distribution as distribution
 
 # What TensorFlow 2.21 raises for apply_gradients inside tf.cond under MirroredStrategy (abridged).
 TF_MERGE_CALL_ERROR = (

@@ -191,7 +191,7 @@ def test_pickle_and_deepcopy_give_equal_outputs(kind, copy_model):
 def test_functional_twin_class_pickles_by_reference():
     model = functional()
     assert pickle.loads(pickle.dumps(type(model))) is type(model)
-    assert type(model).__module__ == "custom_fit.functional"
+    assert type(model).__module__ == "custom_fit._functional"
 
 
 def predict_in_worker(pickled: bytes) -> np.ndarray:

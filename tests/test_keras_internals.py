@@ -242,20 +242,20 @@ def test_the_hash_ignores_formatting_comments_and_docstrings_but_not_code():
 EXTENSION_POINTS = {
     "custom_fit.gan.GAN": "a model written the way users write one (its own __init__, compile, call, steps, config)",
     "custom_fit.gan_samples.GenerateSamples": "a Callback: on_epoch_end is a public hook",
-    "custom_fit.backup_and_restore.BackupAndRestore": "a Callback: public hooks (__init__: *-backup-and-restore)",
-    "custom_fit.optimizers.NamedOptimizers.__init__": "an optimizer's constructor",
-    "custom_fit.fit_loop.FitLoopHooks.__init__": "sets its own state, then runs Keras' constructor as it is",
-    "custom_fit.optimizers.NamedOptimizers.apply_gradients": "refuses: a group applies no gradients itself",
-    "custom_fit.optimizers.NamedOptimizers.apply": "refuses: a group applies no gradients itself",
-    "custom_fit.optimizers.NamedOptimizers.get_config": "public serialization of the group",
-    "custom_fit.optimizers.NamedOptimizers.from_config": "public serialization of the group",
+    "custom_fit._backup_and_restore.BackupAndRestore": "a Callback: public hooks (__init__: *-backup-and-restore)",
+    "custom_fit._optimizers.NamedOptimizers.__init__": "an optimizer's constructor",
+    "custom_fit._fit_loop.FitLoopHooks.__init__": "sets its own state, then runs Keras' constructor as it is",
+    "custom_fit._optimizers.NamedOptimizers.apply_gradients": "refuses: a group applies no gradients itself",
+    "custom_fit._optimizers.NamedOptimizers.apply": "refuses: a group applies no gradients itself",
+    "custom_fit._optimizers.NamedOptimizers.get_config": "public serialization of the group",
+    "custom_fit._optimizers.NamedOptimizers.from_config": "public serialization of the group",
     "custom_fit._compat.keras3._LoggedValuesList.result": "Metric.result, the public metric API",
     "custom_fit._compat.common.CountingCall.__call__": "Regularizer.__call__, the public regularizer API",
     "custom_fit._compat.keras2.SeedGenerator.__init__": "a Layer's constructor",
-    "custom_fit.model.CustomSequential.build": "delegates to Sequential.build; defined as Sequential defines it",
+    "custom_fit._model.CustomSequential.build": "delegates to Sequential.build; defined as Sequential defines it",
 }
 if custom_fit.KERAS_2:
-    EXTENSION_POINTS["custom_fit.callbacks.LazyCallbackList"] = "unused on Keras 2: tf_keras skips unused hooks itself"
+    EXTENSION_POINTS["custom_fit._callbacks.LazyCallbackList"] = "unused on Keras 2: tf_keras skips unused hooks itself"
 
 
 def _custom_fit_classes() -> list[type]:

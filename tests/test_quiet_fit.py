@@ -38,7 +38,7 @@ import tensorflow as tf
 
 tf.config.list_physical_devices()  # TensorFlow's start-up lines come before the marker
 from custom_fit import keras
-from custom_fit.model import CustomModel
+from custom_fit._model import CustomModel
 
 print({MARKER!r}, file=sys.stderr, flush=True)
 inputs = keras.Input((3,))

@@ -13,7 +13,7 @@ import pytest
 
 import custom_fit
 from custom_fit import keras
-from custom_fit.step_fusion import StepsPerExecutionTuner
+from custom_fit._step_fusion import StepsPerExecutionTuner
 from tests import parity
 
 DATA = parity.classification_data()

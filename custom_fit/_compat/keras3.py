@@ -562,7 +562,7 @@ class TrainerHooks(Host):
     def _epoch_iterator_made(self, epoch_iterator: Any) -> None:
         """Called with each epoch iterator ``fit`` and ``evaluate`` make, before any callback runs.
 
-        Does nothing here; :class:`custom_fit.fit_loop.FitLoopHooks` overrides it.
+        Does nothing here; :class:`custom_fit._fit_loop.FitLoopHooks` overrides it.
         """
 
     def _maybe_symbolic_build(self, iterator: Any = None, data_batch: Any = None) -> None:
@@ -596,7 +596,7 @@ class TrainerHooks(Host):
             # A model never called itself (a GAN, a distiller, a VAE): Keras' symbolic
             # build of its forward pass fails ("Unable to automatically build the
             # model"). Its step builds what is unbuilt, as on one device;
-            # custom_fit.distribution creates those variables under the strategy.
+            # custom_fit._distribution creates those variables under the strategy.
             return
         with strategy.scope():
             self._symbolic_build(data_batch=data_batch)

@@ -23,7 +23,7 @@ from typing import Any
 import tensorflow as tf
 
 from custom_fit import _compat
-from custom_fit.optimizers import NamedOptimizers
+from custom_fit._optimizers import NamedOptimizers
 
 __all__ = [
     "MissingGradientWarning",

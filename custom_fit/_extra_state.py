@@ -17,7 +17,7 @@ that was saved:
   ``mask_token``) and predict differently.
 
 (Which variables each named optimizer updates is saved by
-:class:`custom_fit.optimizers.SavesOptimizerAssignment`.)
+:class:`custom_fit._optimizers.SavesOptimizerAssignment`.)
 """
 
 from __future__ import annotations

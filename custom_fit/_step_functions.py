@@ -4,7 +4,7 @@ Keras calls ``model.train_function(iterator)`` once per execution (one or
 ``steps_per_execution`` batches). :class:`StepFunctions` builds those
 functions around the model's steps: logs flattened (Keras-2-style steps return
 nested dicts), the training step traced under the model's
-:class:`~custom_fit.diagnostics.StepDiagnostics`, and XLA errors explained.
+:class:`~custom_fit._diagnostics.StepDiagnostics`, and XLA errors explained.
 The fused, distributed loop itself is :func:`custom_fit._compat.make_step_function`.
 """
 
@@ -15,10 +15,11 @@ from typing import Any
 
 import tensorflow as tf
 
-from custom_fit import _compat, distribution
+from custom_fit import _compat
+from custom_fit import _distribution as distribution
 from custom_fit._host import Host
-from custom_fit.logged_values import flat_logs
-from custom_fit.optimizers import NamedOptimizers
+from custom_fit._logged_values import flat_logs
+from custom_fit._optimizers import NamedOptimizers
 
 __all__ = ["StepFunctions"]
 

@@ -17,10 +17,10 @@ Override points, in the order ``train_step`` calls them:
 ============================  =================================================
 
 Everything else lives with the object that owns its state:
-:mod:`custom_fit.optimizers` (named optimizers), :mod:`custom_fit.diagnostics`
-(misuse warnings), :mod:`custom_fit.logged_values` (epoch means of a step's
-values), :mod:`custom_fit.compiled` (Keras-2-style ``compiled_loss``),
-:mod:`custom_fit.configs` and :mod:`custom_fit.extra_state` (saving), and
+:mod:`custom_fit._optimizers` (named optimizers), :mod:`custom_fit._diagnostics`
+(misuse warnings), :mod:`custom_fit._logged_values` (epoch means of a step's
+values), :mod:`custom_fit._compiled` (Keras-2-style ``compiled_loss``),
+:mod:`custom_fit._configs` and :mod:`custom_fit._extra_state` (saving), and
 :mod:`custom_fit._compat` (Keras' private names).
 """
 
@@ -31,15 +31,19 @@ from typing import Any
 
 import tensorflow as tf
 
-from custom_fit import _compat, diagnostics, gradient_contract, optimizers, step_fusion
+from custom_fit import _compat
+from custom_fit import _diagnostics as diagnostics
+from custom_fit import _gradient_contract as gradient_contract
+from custom_fit import _optimizers as optimizers
+from custom_fit import _step_fusion as step_fusion
 from custom_fit._compat import keras
-from custom_fit.configs import ConfigFromConstructor, RecompilesOnLoad
-from custom_fit.diagnostics import GradsAndVars, StepDiagnostics
-from custom_fit.extra_state import SavesUntrackedVariables
-from custom_fit.functional import functional_twin
-from custom_fit.logged_values import LoggedValuesMixin
-from custom_fit.optimizers import SavesOptimizerAssignment
-from custom_fit.step_functions import StepFunctions
+from custom_fit._configs import ConfigFromConstructor, RecompilesOnLoad
+from custom_fit._diagnostics import GradsAndVars, StepDiagnostics
+from custom_fit._extra_state import SavesUntrackedVariables
+from custom_fit._functional import functional_twin
+from custom_fit._logged_values import LoggedValuesMixin
+from custom_fit._optimizers import SavesOptimizerAssignment
+from custom_fit._step_functions import StepFunctions
 
 __all__ = ["CustomModel", "CustomSequential"]
 
@@ -48,9 +52,9 @@ if _compat.KERAS_2:
     # and skips batch hooks nobody implements itself.
     _KERAS_3_ONLY: tuple[type, ...] = ()
 else:
-    from custom_fit.compiled import CompiledAttributes
-    from custom_fit.extra_state import SavesSeedGeneratorStates
-    from custom_fit.fit_loop import FitLoopHooks
+    from custom_fit._compiled import CompiledAttributes
+    from custom_fit._extra_state import SavesSeedGeneratorStates
+    from custom_fit._fit_loop import FitLoopHooks
 
     _KERAS_3_ONLY = (FitLoopHooks, CompiledAttributes, SavesSeedGeneratorStates)
 
@@ -126,7 +130,7 @@ class CustomModel(
                 may also be ``"auto"``: the number of steps fused per
                 execution is tuned during ``fit``, and
                 ``model.steps_per_execution`` reads the number fused now
-                (see :mod:`custom_fit.step_fusion`; a
+                (see :mod:`custom_fit._step_fusion`; a
                 ``StepsPerExecutionTuner`` instance sets other tuning
                 parameters). ``clip_after_aggregation`` (custom_fit 0.2) is no
                 longer needed: optimizers always receive, and clip, the
@@ -282,7 +286,7 @@ class CustomModel(
         Called by :meth:`minimize` with ``(gradient, variable)`` pairs (only
         pairs whose gradient exists) holding the true gradient of the global
         batch's loss, the same on every precision, replica count and Keras
-        (:mod:`custom_fit.gradient_contract`): unscaled under mixed precision,
+        (:mod:`custom_fit._gradient_contract`): unscaled under mixed precision,
         summed over replicas under ``tf.distribute``, and zeros on a step the
         loss-scale optimizer skips (a non-finite scaled gradient). A clip here
         moves the weights as it would in float32 on one device.

@@ -40,7 +40,7 @@ from typing import Any
 import tensorflow as tf
 
 from custom_fit import _compat
-from custom_fit.diagnostics import GradsAndVars
+from custom_fit._diagnostics import GradsAndVars
 
 __all__ = [
     "Handoff",

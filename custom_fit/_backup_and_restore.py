@@ -5,7 +5,7 @@ batch (with ``save_freq=N`` the batches already trained are trained again)
 and overwrites its files in place, so a kill during a write leaves a backup
 no restart can read. This callback has Keras' signature and meaning, plus:
 
-* **atomic backups** (:class:`~custom_fit.backup_store.BackupStore`): a new
+* **atomic backups** (:class:`~custom_fit._backup_store.BackupStore`): a new
   backup is complete on disk before it replaces the previous one;
 * **exact resume**: a restarted ``fit`` continues at the step after the
   backup, with the same batches in the same order, the same random state,
@@ -15,7 +15,7 @@ no restart can read. This callback has Keras' signature and meaning, plus:
 A backup holds the weights file Keras writes (model, optimizer, and with
 ``CustomModel`` the random seed generator states), the metric variables,
 Python's and NumPy's global random states, and where ``fit`` is in its data:
-:class:`~custom_fit.fit_loop.EpochPosition` (Keras 3) records which data iterator each batch comes
+:class:`~custom_fit._fit_loop.EpochPosition` (Keras 3) records which data iterator each batch comes
 from; a resumed run makes and drops the iterators the interrupted run had
 made, then skips the batches it had trained on.
 """
@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 
 from custom_fit import _compat
+from custom_fit._backup_store import BackupStore
 from custom_fit._compat import keras
-from custom_fit.backup_store import BackupStore
-from custom_fit.fit_loop import EpochPosition, fit_position
-from custom_fit.random_state import RandomState, random_state_arrays, random_states
+from custom_fit._fit_loop import EpochPosition, fit_position
+from custom_fit._random_state import RandomState, random_state_arrays, random_states
 
 if not _compat.KERAS_2:  # a Keras 2 process never loads Keras 3
     from custom_fit._compat import keras3_only
@@ -172,7 +172,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             when the newest cannot be read (a damaged disk). Backups are
             atomic either way.
         delete_checkpoint: Delete the backups when ``fit`` completes.
-        store: Advanced: the :class:`~custom_fit.backup_store.BackupStore`
+        store: Advanced: the :class:`~custom_fit._backup_store.BackupStore`
             (or a subclass) that keeps the backups; by default one for
             ``backup_dir``.
 

@@ -45,7 +45,7 @@ def variables_created_outside_replicas() -> Iterator[None]:
 
     Example:
         >>> import tensorflow as tf
-        >>> from custom_fit.distribution import variables_created_outside_replicas
+        >>> from custom_fit._distribution import variables_created_outside_replicas
         >>> with variables_created_outside_replicas():  # no strategy: nothing changes
         ...     v = tf.Variable(1.0)
         >>> float(v.numpy())

@@ -3,11 +3,11 @@
 Keras 3 builds the loop's pieces inside ``fit``: the ``CallbackList`` (unless
 it is given one) and an epoch iterator that decides how many steps each call
 of the train function runs. :class:`FitLoopHooks` hands ``fit`` and
-``evaluate`` a :class:`~custom_fit.callbacks.LazyCallbackList` (no host wait
+``evaluate`` a :class:`~custom_fit._callbacks.LazyCallbackList` (no host wait
 per step) and steers ``fit``'s epoch iterator
 (:func:`custom_fit._compat.keras3_only.steer_epoch_iterator`): each execution
 runs the number of steps a plan chooses (``compile(steps_per_execution="auto")``:
-the model's :class:`~custom_fit.step_fusion.StepsPerExecutionTuner`), and the
+the model's :class:`~custom_fit._step_fusion.StepsPerExecutionTuner`), and the
 iterator reports to the call's :class:`EpochPosition`, from which
 :class:`~custom_fit.BackupAndRestore` resumes at the exact step.
 
@@ -31,10 +31,10 @@ from collections.abc import Callable, Iterator
 from typing import Any, Literal, Protocol
 
 from custom_fit import _compat
+from custom_fit._callbacks import LazyCallbackList
 from custom_fit._compat import keras
 from custom_fit._host import Host
-from custom_fit.callbacks import LazyCallbackList
-from custom_fit.random_state import RandomState
+from custom_fit._random_state import RandomState
 
 if not _compat.KERAS_2:  # a Keras 2 process never loads Keras 3
     from custom_fit._compat import keras3_only
@@ -43,7 +43,7 @@ __all__ = ["EpochPosition", "FitLoopHooks", "LoopCall", "ResumePoint", "fit_posi
 
 
 class ResumePoint(Protocol):
-    """Where a resumed ``fit`` starts (a :class:`custom_fit.backup_and_restore.Backup` is one)."""
+    """Where a resumed ``fit`` starts (a :class:`custom_fit._backup_and_restore.Backup` is one)."""
 
     step: int  # the first step of the epoch not trained yet
     iterator: int  # which data iterator, counted from fit's start, that step reads from

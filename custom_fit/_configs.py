@@ -14,7 +14,7 @@ attributes. ``CustomModel`` saves such code as it is:
   ``compile`` when the model is loaded; ``CustomModel.compile`` re-runs from
   Keras' own config.
 
-The state Keras leaves out of the weights file is :mod:`custom_fit.extra_state`'s.
+The state Keras leaves out of the weights file is :mod:`custom_fit._extra_state`'s.
 """
 
 from __future__ import annotations
