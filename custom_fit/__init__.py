@@ -26,6 +26,7 @@ __all__ = [
     "KERAS_VERSION",
     "BackupAndRestore",
     "BackupDirectoryInUseError",
+    "BackupStore",
     "CompiledLoss",
     "CompiledMetrics",
     "CustomModel",
@@ -33,6 +34,7 @@ __all__ = [
     "IncompleteBackupWarning",
     "MissingGradientWarning",
     "NamedOptimizers",
+    "StepsPerExecutionTuner",
     "UnreviewedKerasWarning",
     "UntrackedVariableWarning",
     "UnusedOptimizerWarning",
@@ -41,15 +43,19 @@ __all__ = [
     "batch_mean",
     "gan",
     "keras",
+    "random",
     "regularization_loss",
 ]
 
+import sys
+from typing import Any
+
 # Eager imports: `import custom_fit` loads TensorFlow and Keras and registers custom_fit's classes
 # with Keras, so that `keras.models.load_model` finds them after a bare `import custom_fit`.
-from custom_fit import gan
-from custom_fit._compat import KERAS_2, KERAS_VERSION, UnreviewedKerasWarning, keras
+from custom_fit import _deprecated, gan, random
 from custom_fit._backup_and_restore import BackupAndRestore
-from custom_fit._backup_store import BackupDirectoryInUseError, IncompleteBackupWarning
+from custom_fit._backup_store import BackupDirectoryInUseError, BackupStore, IncompleteBackupWarning
+from custom_fit._compat import KERAS_2, KERAS_VERSION, UnreviewedKerasWarning, keras
 from custom_fit._compiled import CompiledLoss, CompiledMetrics
 from custom_fit._diagnostics import (
     MissingGradientWarning,
@@ -57,10 +63,20 @@ from custom_fit._diagnostics import (
     UnusedOptimizerWarning,
     UnusedRegularizationWarning,
 )
-from custom_fit.gan import GAN
 from custom_fit._losses import batch_mean, regularization_loss
 from custom_fit._model import CustomModel, CustomSequential
 from custom_fit._optimizers import NamedOptimizers
+from custom_fit._step_fusion import StepsPerExecutionTuner
+from custom_fit.gan import GAN
+
+_deprecated.register_aliases()
+
+
+def __getattr__(name: str) -> Any:
+    """``custom_fit.model`` and the other implementation modules of 0.2, deprecated (``_deprecated``)."""
+    if name in _deprecated.RENAMED:
+        return sys.modules[f"custom_fit.{name}"]
+    raise AttributeError(f"module 'custom_fit' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
