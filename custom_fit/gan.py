@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from custom_fit import _compat
 from custom_fit import _optimizers as optimizers
+from custom_fit import random
 from custom_fit._compat import keras
 from custom_fit._losses import batch_mean, regularization_loss
 from custom_fit._model import CustomModel
@@ -175,9 +175,9 @@ class GAN(CustomModel):
         self.gradient_penalty_weight = float(gradient_penalty_weight)
         self.num_classes = num_classes
         self.seed = seed
-        self.noise_generator = _compat.SeedGenerator(seed, name="noise_generator")
+        self.noise_generator = random.SeedGenerator(seed, name="noise_generator")
         # Evaluation draws its own noise, so validation does not change training.
-        self.eval_noise_generator = _compat.SeedGenerator(
+        self.eval_noise_generator = random.SeedGenerator(
             None if seed is None else seed + 1, name="eval_noise_generator"
         )
         if self.adversarial_loss.gradient_penalty:
@@ -242,8 +242,8 @@ class GAN(CustomModel):
         context = tf.distribute.get_replica_context()
         replicas = context.num_replicas_in_sync if context is not None else 1
         if replicas == 1:
-            return _compat.random_normal((batch_size, self.latent_dim), seed)
-        noise = _compat.random_normal((batch_size * replicas, self.latent_dim), seed)
+            return random.normal((batch_size, self.latent_dim), seed)
+        noise = random.normal((batch_size * replicas, self.latent_dim), seed)
         start = context.replica_id_in_sync_group * batch_size
         return noise[start : start + batch_size]
 
@@ -275,7 +275,7 @@ class GAN(CustomModel):
         update differentiates through it (a second-order gradient).
         """
         shape = [tf.shape(real)[0]] + [1] * (len(real.shape) - 1)
-        alpha = _compat.random_uniform(shape, self._noise_seed(training))
+        alpha = random.uniform(shape, self._noise_seed(training))
         between = real + alpha * (tf.cast(fake, real.dtype) - real)
         with tf.GradientTape() as tape:
             tape.watch(between)
@@ -362,7 +362,7 @@ class GAN(CustomModel):
                 ``0, 1, ..., num_classes - 1`` repeated).
             seed: Seed of the noise.
         """
-        noise = _compat.random_normal((n, self.latent_dim), seed)
+        noise = random.normal((n, self.latent_dim), seed)
         label_tensor = None
         if self.num_classes is not None:
             classes = np.arange(n) % self.num_classes if labels is None else np.asarray(labels)
