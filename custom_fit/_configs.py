@@ -28,6 +28,7 @@ from typing import Any
 from custom_fit import _compat
 from custom_fit._compat import keras
 from custom_fit._host import Host
+from custom_fit._state import state_of
 
 __all__ = ["ConfigFromConstructor", "RecompilesOnLoad"]
 
@@ -161,11 +162,11 @@ class ConfigFromConstructor(Host):
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         instance = super().__new__(cls, *args, **kwargs)
-        _compat.set_untracked(instance, "_constructor_arguments", captured_arguments(cls.__init__, args, kwargs))
+        state_of(instance).constructor_arguments = captured_arguments(cls.__init__, args, kwargs)
         return instance
 
     def get_config(self) -> dict[str, Any]:
-        arguments = getattr(self, "_constructor_arguments", None)
+        arguments = state_of(self).constructor_arguments
         if arguments is None or isinstance(self, (_compat.Functional, keras.Sequential)):
             return super().get_config()
         # Keras' base keys (name, trainable, dtype; tf_keras: batch_input_shape), which
@@ -217,14 +218,15 @@ def _recording_arguments(compile_method: Callable[..., Any]) -> Callable[..., An
 
     @functools.wraps(compile_method)
     def compile(self: Host, *args: Any, **kwargs: Any) -> Any:
-        if getattr(self, "_recording_compile", False):  # super().compile() from a subclass' compile
+        state = state_of(self)
+        if state.recording_compile:  # super().compile() from a subclass' compile
             return compile_method(self, *args, **kwargs)
-        _compat.set_untracked(self, "_recording_compile", True)
+        state.recording_compile = True
         try:
             result = compile_method(self, *args, **kwargs)
         finally:
-            _compat.set_untracked(self, "_recording_compile", False)
-        _compat.set_untracked(self, "_compile_arguments", captured_arguments(compile_method, args, kwargs))
+            state.recording_compile = False
+        state.compile_arguments = captured_arguments(compile_method, args, kwargs)
         self._after_compile()
         return result
 
@@ -254,7 +256,7 @@ class RecompilesOnLoad(Host):
         ``None`` before ``compile``, as in Keras.
         """
         config = super().get_compile_config()
-        arguments = getattr(self, "_compile_arguments", None)
+        arguments = state_of(self).compile_arguments
         if config is None or arguments is None or _binds(self.compile, config):
             return config
         try:

@@ -35,6 +35,7 @@ from custom_fit._callbacks import LazyCallbackList
 from custom_fit._compat import keras
 from custom_fit._host import Host
 from custom_fit._random_state import RandomState
+from custom_fit._state import state_of
 
 if not _compat.KERAS_2:  # a Keras 2 process never loads Keras 3
     from custom_fit._compat import keras3_only
@@ -80,13 +81,6 @@ class FitLoopHooks(Host):
     :meth:`_epoch_iterator_made` completes what the call started.
     """
 
-    _loop_calls: list[LoopCall]
-    _fixed_steps_per_execution: int
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        _compat.set_untracked(self, "_loop_calls", [])  # before Keras' __init__ reads steps_per_execution
-        super().__init__(*args, **kwargs)
-
     @property
     def steps_per_execution(self) -> int:
         """The number of steps each call of the train, test or predict function runs.
@@ -98,14 +92,14 @@ class FitLoopHooks(Host):
         when their ``steps`` asks for fewer, so fusing the tuned number could
         change their results. ``get_compile_config()`` keeps ``"auto"``.
         """
-        tuner = self._steps_tuner
-        if tuner is None or (self._loop_calls and self._loop_calls[-1].kind != "fit"):
-            return self._fixed_steps_per_execution
-        return tuner.steps
+        state = state_of(self)
+        if state.steps_tuner is None or (state.loop_calls and state.loop_calls[-1].kind != "fit"):
+            return int(state.fixed_steps_per_execution)
+        return state.steps_tuner.steps
 
     @steps_per_execution.setter
     def steps_per_execution(self, value: int) -> None:
-        _compat.set_untracked(self, "_fixed_steps_per_execution", value)  # Keras sets it in __init__ and compile
+        state_of(self).fixed_steps_per_execution = value  # Keras sets it in __init__ and compile
 
     @functools.wraps(keras.Model.fit)  # keeps Keras' signature and docstring for help() and inspect
     def fit(self, *args: Any, **kwargs: Any) -> Any:
@@ -131,11 +125,11 @@ class FitLoopHooks(Host):
     @contextlib.contextmanager
     def _running(self, call: LoopCall) -> Iterator[LoopCall]:
         """Keeps ``call`` on the model's stack of running calls while it runs."""
-        self._loop_calls.append(call)
+        state_of(self).loop_calls.append(call)
         try:
             yield call
         finally:
-            self._loop_calls.pop()
+            state_of(self).loop_calls.pop()
             if call.position is not None:
                 call.position.adapter = None  # it holds the data: not kept past fit, as in Keras
 
@@ -159,16 +153,17 @@ class FitLoopHooks(Host):
     def _epoch_iterator_made(self, epoch_iterator: Any) -> None:
         """Called by ``_maybe_symbolic_build`` with each epoch iterator ``fit``/``evaluate`` make, before callbacks."""
         keras3_only.without_autotuning(epoch_iterator)
-        if not self._loop_calls:
+        state = state_of(self)
+        if not state.loop_calls:
             return
-        call = self._loop_calls[-1]
+        call = state.loop_calls[-1]
         if call.callbacks is not None:
             call.callbacks.set_params({**call.callbacks.params, "steps": epoch_iterator.num_batches})
             call.callbacks = None
         if call.kind == "fit" and not call.steered:
             assert call.position is not None
             call.steered = True
-            tuner, fixed = self._steps_tuner, self._fixed_steps_per_execution
+            tuner, fixed = state.steps_tuner, int(state.fixed_steps_per_execution)
             plan = tuner.plan if tuner is not None else lambda remaining: fixed
             keras3_only.steer_epoch_iterator(epoch_iterator, plan, call.position)
         elif call.kind == "evaluate":
@@ -178,7 +173,7 @@ class FitLoopHooks(Host):
 
 def fit_position(model: Any) -> EpochPosition | None:
     """Where the ``fit`` running on ``model`` reads its data; ``None`` when no custom_fit ``fit`` runs (Keras 3)."""
-    calls = model._loop_calls if isinstance(model, FitLoopHooks) else []
+    calls = state_of(model).loop_calls if isinstance(model, FitLoopHooks) else []
     positions = [call.position for call in calls if call.position is not None]
     return positions[-1] if positions else None
 

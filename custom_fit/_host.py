@@ -21,11 +21,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from custom_fit._diagnostics import StepDiagnostics
-    from custom_fit._logged_values import LoggedValues
-    from custom_fit._step_fusion import StepsPerExecutionTuner
-
 __all__ = ["Host", "ModelHost"]
 
 
@@ -102,15 +97,10 @@ class ModelHost:
 
     # -- what custom_fit adds to the model ----------------------------------------------
 
-    #: The tuner of ``compile(steps_per_execution="auto")``, else ``None`` (``CustomModel.__init__``).
-    _steps_tuner: StepsPerExecutionTuner | None
-    #: Records the training step while it is traced and warns about misuse (``CustomModel.__init__``).
-    _diagnostics: StepDiagnostics
-    #: The trackers of ``logged_values`` (``compile``).
-    _logged_value_trackers: LoggedValues
+    # Its state lives in one object, custom_fit._state.state_of(model).
+
     #: Names a step may log with ``log_values`` (a class attribute).
     logged_values: Sequence[str]
-    #: Whether gradients are summed across replicas before they are transformed (``compile``).
 
     def minimize(self, loss: Any, tape: Any, variables: Iterable[Any], optimizer: Any = None) -> None: ...
 

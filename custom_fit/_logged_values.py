@@ -16,6 +16,7 @@ from typing import Any
 from custom_fit import _compat
 from custom_fit._compat import keras
 from custom_fit._host import Host
+from custom_fit._state import state_of
 
 __all__ = ["LoggedValues", "LoggedValuesMixin", "flat_logs"]
 
@@ -100,7 +101,7 @@ class LoggedValuesMixin(Host):
                 "was not compiled. Fix: call `model.compile(...)` first."
             )
         batch_size = batch if _compat.is_scalar(batch) else _compat.batch_size_of(batch)
-        trackers: LoggedValues = self._logged_value_trackers
+        trackers = self._logged_value_trackers()
         for name, value in values.items():
             if name not in self.logged_values:
                 raise ValueError(
@@ -121,7 +122,7 @@ class LoggedValuesMixin(Host):
         batch size, so the epoch value is right for a partial last batch. From
         then on the logs show ``loss``, also when no loss was compiled.
         """
-        _compat.set_untracked(self, "_reports_loss", True)
+        state_of(self).reports_loss = True
         _compat.loss_tracker(self).update_state(_compat.unscale_loss_for_distribution(loss), sample_weight=batch_size)
 
     @property
@@ -136,9 +137,9 @@ class LoggedValuesMixin(Host):
         if not _compat.is_compiled(self):
             return metrics
         loss_tracker = _compat.loss_tracker(self)
-        keep_loss = _compat.has_compiled_loss(self) or getattr(self, "_reports_loss", False)
+        keep_loss = _compat.has_compiled_loss(self) or state_of(self).reports_loss
         head = [loss_tracker] if keep_loss and loss_tracker in metrics else []
-        own: list[Any] = self._logged_value_trackers.metrics_entries
+        own: list[Any] = self._logged_value_trackers().metrics_entries
         return head + own + [m for m in metrics if m is not loss_tracker]
 
     def get_metrics_result(self) -> dict[str, Any]:
@@ -158,7 +159,12 @@ class LoggedValuesMixin(Host):
 
     def _make_logged_value_trackers(self) -> None:
         """Creates the trackers for :attr:`logged_values` (``compile()`` calls it)."""
-        _compat.set_untracked(self, "_logged_value_trackers", LoggedValues.for_model(self))
+        state_of(self).logged_values = LoggedValues.for_model(self)
+
+    def _logged_value_trackers(self) -> LoggedValues:
+        """The trackers ``compile()`` made; none for a model compiled another way (tf_keras' TF1 paths)."""
+        trackers = state_of(self).logged_values
+        return trackers if trackers is not None else LoggedValues([])
 
 
 def flat_logs(step: Callable[[Any], Any]) -> Callable[[Any], Any]:

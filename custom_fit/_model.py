@@ -38,11 +38,12 @@ from custom_fit import _optimizers as optimizers
 from custom_fit import _step_fusion as step_fusion
 from custom_fit._compat import keras
 from custom_fit._configs import ConfigFromConstructor, RecompilesOnLoad
-from custom_fit._diagnostics import GradsAndVars, StepDiagnostics
+from custom_fit._diagnostics import GradsAndVars
 from custom_fit._extra_state import SavesUntrackedVariables
 from custom_fit._functional import functional_twin
 from custom_fit._logged_values import LoggedValuesMixin
 from custom_fit._optimizers import SavesOptimizerAssignment
+from custom_fit._state import state_of
 from custom_fit._step_functions import StepFunctions
 
 __all__ = ["CustomModel", "CustomSequential"]
@@ -101,9 +102,7 @@ class CustomModel(
             # this class (and of CustomModel) for good, even if it then raises.
             # Move only this instance to a twin class that derives from both.
             object.__setattr__(self, "__class__", functional_twin(type(self)))
-        _compat.set_untracked(self, "_steps_tuner", None)  # compile(steps_per_execution="auto") sets one
         super().__init__(*args, **kwargs)
-        _compat.set_untracked(self, "_diagnostics", StepDiagnostics(self))
 
     # -- configuration ----------------------------------------------------
 
@@ -155,7 +154,7 @@ class CustomModel(
             kwargs["steps_per_execution"] = 1  # what Keras sees; the tuner decides per execution
         super().compile(optimizer, *args, **kwargs)
         optimizers.give_keras2_api(self)
-        _compat.set_untracked(self, "_steps_tuner", tuner)
+        state_of(self).steps_tuner = tuner
         if tuner is not None:
             _compat.record_compile_option(self, "steps_per_execution", step_fusion.AUTO)
         self._make_logged_value_trackers()
@@ -168,7 +167,7 @@ class CustomModel(
         ``compile(steps_per_execution=StepsPerExecutionTuner(max_steps=16))``.
         Its ``steps`` is what ``fit`` fuses now and ``rates`` what it measured.
         """
-        return self._steps_tuner
+        return state_of(self).steps_tuner
 
     def _after_compile(self) -> None:
         """After any ``compile``: optimizers kept as attributes become ``model.optimizer`` (named)."""
@@ -253,13 +252,14 @@ class CustomModel(
         variables = list(variables)
         name = optimizer if isinstance(optimizer, str) else None
         optimizer = optimizers.resolve(self, optimizer, variables)
-        self._diagnostics.record_minimize(name, variables)
+        checks = state_of(self).diagnostics
+        checks.record_minimize(name, variables)
         if not variables:
             return
         with _compat.recording(tape):
             loss = _compat.scale_loss(optimizer, loss)
         gradients = self.compute_gradients(loss, tape, variables)
-        grads_and_vars = self._diagnostics.pair_with_gradients(gradients, variables, optimizer)
+        grads_and_vars = checks.pair_with_gradients(gradients, variables, optimizer)
         grads_and_vars, handoff = gradient_contract.true_gradients(optimizer, grads_and_vars)
         with gradient_contract.handing_over(handoff):
             self.apply_gradients(self.transform_gradients(grads_and_vars), optimizer)

@@ -22,7 +22,8 @@ that applies the update.
 
 from __future__ import annotations
 
-from collections.abc import ItemsView, Iterator, KeysView, Mapping, Sequence
+import dataclasses
+from collections.abc import Callable, ItemsView, Iterator, KeysView, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -62,6 +63,29 @@ class _Unset:
 UNSET: Any = _Unset()
 
 
+@dataclasses.dataclass(eq=False)
+class _GroupState:
+    """A :class:`NamedOptimizers` group's bookkeeping, kept out of checkpoints (one untracked attribute).
+
+    Attributes:
+        assignment: ``{name: [positions in the model's trainable variables]}`` (saved with the model).
+        owners: ``{name: the model's sub-layer of that name}``, set by ``attach``.
+        owner_of_variable: ``{id(variable): name}`` of every variable a member updates.
+        model_variables: The model's trainable variables the group was built on.
+        built_on: ``{name: the variables that member was built on}``.
+        name_variables: Names variables for messages (by their path in the model once attached).
+        from_attributes: Whether the members are optimizers the model keeps as attributes.
+    """
+
+    assignment: dict[str, list[int]]
+    owners: dict[str, Any] = dataclasses.field(default_factory=dict)
+    owner_of_variable: dict[int, str] = dataclasses.field(default_factory=dict)
+    model_variables: list[Any] = dataclasses.field(default_factory=list)
+    built_on: dict[str, Any] = dataclasses.field(default_factory=dict)
+    name_variables: Callable[[Sequence[Any]], Any] = _compat.variable_names_without_model
+    from_attributes: bool = False
+
+
 @keras.saving.register_keras_serializable(package="custom_fit")
 class NamedOptimizers(keras.optimizers.Optimizer):
     """A mapping of names to optimizers that ``compile()`` accepts as one optimizer.
@@ -88,8 +112,6 @@ class NamedOptimizers(keras.optimizers.Optimizer):
 
     #: Marks the group for ``CustomModel``'s compile (Keras 2 must not wrap it for loss scaling).
     is_optimizer_group = True
-    #: Whether the members are optimizers the model keeps as attributes (a step uses them directly).
-    from_attributes = False
 
     def __init__(
         self,
@@ -112,12 +134,12 @@ class NamedOptimizers(keras.optimizers.Optimizer):
             members[key] = keras.optimizers.get(optimizer)
         self._members = members  # tracked: checkpoints and .keras files save the members
         # Bookkeeping that must not become checkpoint dependencies:
-        _compat.set_untracked(self, "_assignment", {k: list(v) for k, v in (assignment or {}).items()})
-        _compat.set_untracked(self, "_owners", {})
-        _compat.set_untracked(self, "_owner_of_variable", {})
-        _compat.set_untracked(self, "_model_variables", [])
-        _compat.set_untracked(self, "_built_on", {})
-        _compat.set_untracked(self, "_name_variables", _compat.variable_names_without_model)
+        _compat.set_untracked(self, "_bookkeeping", _GroupState({k: list(v) for k, v in (assignment or {}).items()}))
+
+    @property
+    def from_attributes(self) -> bool:
+        """Whether the members are optimizers the model keeps as attributes (a step uses them directly)."""
+        return self._bookkeeping.from_attributes
 
     # -- mapping ------------------------------------------------------------
 
@@ -194,8 +216,8 @@ class NamedOptimizers(keras.optimizers.Optimizer):
         ``LossScaleOptimizer`` (once).
         """
         owners = {name: getattr(model, name, None) for name in self._members}
-        _compat.set_untracked(self, "_owners", {k: v for k, v in owners.items() if v is not None})
-        _compat.set_untracked(self, "_name_variables", lambda variables: _compat.variable_names(model, variables))
+        self._bookkeeping.owners = {k: v for k, v in owners.items() if v is not None}
+        self._bookkeeping.name_variables = lambda variables: _compat.variable_names(model, variables)
         if loss_scaling:
             for name, optimizer in self._members.items():
                 if not isinstance(optimizer, _compat.LossScaleOptimizer):
@@ -226,13 +248,13 @@ class NamedOptimizers(keras.optimizers.Optimizer):
             if not known:
                 self.build_member(name, variables)
         known_ids = {id(v) for v in known}
-        unknown = self._name_variables([v for v in variables if id(v) not in known_ids]) if known else []
+        unknown = self._bookkeeping.name_variables([v for v in variables if id(v) not in known_ids]) if known else []
         if unknown:
             raise ValueError(
                 f"minimize(..., optimizer={name!r}) received variables the {name!r} "
                 f"optimizer does not update: {unknown}. Expected the variables it "
                 f"was built with ({len(known)} variables, e.g. "
-                f"{self._name_variables(known[:3])}). Fix: pass the "
+                f"{self._bookkeeping.name_variables(known[:3])}). Fix: pass the "
                 f"same variables every step (e.g. self.{name}.trainable_weights), or "
                 "compile another named optimizer for these variables."
             )
@@ -256,12 +278,12 @@ class NamedOptimizers(keras.optimizers.Optimizer):
         """Builds every member whose variables are known; records the model's variables."""
         if _compat.optimizer_built(self):
             return
-        _compat.set_untracked(self, "_model_variables", list(variables))
+        self._bookkeeping.model_variables = list(variables)
         for name in self._members:
             own = self._known_variables(name)
             if own is not None:
                 self.build_member(name, own)
-        super().build(self._model_variables)
+        super().build(self._bookkeeping.model_variables)
         _compat.mark_built(self)
 
     def build_member(self, name: str, variables: Sequence[Any]) -> None:
@@ -269,41 +291,41 @@ class NamedOptimizers(keras.optimizers.Optimizer):
         variables = list(variables)
         shared: dict[str, list[Any]] = {}
         for v in variables:
-            owner = self._owner_of_variable.get(id(v))
+            owner = self._bookkeeping.owner_of_variable.get(id(v))
             if owner is not None and owner != name:
                 shared.setdefault(owner, []).append(v)
         if shared:
             other, overlap = next(iter(shared.items()))
             raise ValueError(
-                f"Variables {self._name_variables(overlap)} would be updated by two optimizers, "
+                f"Variables {self._bookkeeping.name_variables(overlap)} would be updated by two optimizers, "
                 f"{other!r} and {name!r}. Expected each variable to belong to one named optimizer. "
                 f"Fix: pass disjoint variable lists to minimize(), e.g. "
                 f"self.{other}.trainable_weights and self.{name}.trainable_weights."
             )
         for v in variables:
-            self._owner_of_variable[id(v)] = name
-        self._built_on[name] = variables
+            self._bookkeeping.owner_of_variable[id(v)] = name
+        self._bookkeeping.built_on[name] = variables
         member = self._members[name]
         if not _compat.optimizer_built(member):
             _compat.build_optimizer(member, variables)
 
     def _known_variables(self, name: str) -> list[Any] | None:
-        if name in self._assignment and self._model_variables:
-            return [self._model_variables[i] for i in self._assignment[name]]
-        owner = self._owners.get(name)
+        if name in self._bookkeeping.assignment and self._bookkeeping.model_variables:
+            return [self._bookkeeping.model_variables[i] for i in self._bookkeeping.assignment[name]]
+        owner = self._bookkeeping.owners.get(name)
         if owner is not None and owner.built:
             return list(owner.trainable_variables)
         return None
 
     def member_variables(self, name: str) -> list[Any]:
         """The variables member ``name`` was built with (empty before it is built)."""
-        return list(self._built_on.get(name, []))
+        return list(self._bookkeeping.built_on.get(name, []))
 
     # -- saving -------------------------------------------------------------
 
     def get_config(self) -> dict[str, Any]:
-        assignment = dict(self._assignment)
-        positions = {id(v): i for i, v in enumerate(self._model_variables)}
+        assignment = dict(self._bookkeeping.assignment)
+        positions = {id(v): i for i, v in enumerate(self._bookkeeping.model_variables)}
         for name in self._members:
             built_on = self.member_variables(name)
             if built_on and all(id(v) in positions for v in built_on):
@@ -433,7 +455,7 @@ def group_attribute_optimizers(model: Any) -> None:
     members = {name: value for name, value in vars(model).items() if isinstance(value, _compat.OPTIMIZER_CLASSES)}
     if members:
         group = NamedOptimizers(members)
-        _compat.set_untracked(group, "from_attributes", True)
+        group._bookkeeping.from_attributes = True
         model.optimizer = group
 
 

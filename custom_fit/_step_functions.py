@@ -20,6 +20,7 @@ from custom_fit import _distribution as distribution
 from custom_fit._host import Host
 from custom_fit._logged_values import flat_logs
 from custom_fit._optimizers import NamedOptimizers
+from custom_fit._state import state_of
 
 __all__ = ["StepFunctions"]
 
@@ -37,7 +38,7 @@ class StepFunctions(Host):
         _compat.mark_built_if_complete(self)
         if self.train_function is None or force:
             step = flat_logs(self._checked_train_step)
-            tuner = self._steps_tuner  # compile(steps_per_execution="auto")
+            tuner = state_of(self).steps_tuner  # compile(steps_per_execution="auto")
             function = _compat.make_step_function(self, step, training=True, tuner=tuner)
             self.train_function = distribution.explain_merge_call_errors(self, function)
         return self.train_function
@@ -45,7 +46,7 @@ class StepFunctions(Host):
     def make_test_function(self, force: bool = False) -> Callable[..., Any]:
         """Builds ``self.test_function`` around ``test_step`` (logs flattened)."""
         if self.test_function is None or force:
-            tuner = self._steps_tuner  # the number of steps may change between executions
+            tuner = state_of(self).steps_tuner  # the number of steps may change between executions
             step = flat_logs(self._test_step_in_replica)
             self.test_function = _compat.make_step_function(self, step, training=False, tuner=tuner)
         return self.test_function
@@ -61,11 +62,11 @@ class StepFunctions(Host):
         otherwise predict only the first batch of each execution.
         """
         steps = _steps_per_execution(self)
-        built_for_one_step = getattr(self, "_predict_function_steps", None) == 1
+        built_for_one_step = state_of(self).predict_function_steps == 1
         if self.predict_function is None or force or (built_for_one_step and steps > 1):
             super().make_predict_function(force=True)
             self.predict_function = _compat.explain_xla_errors(self, self.predict_function)
-            _compat.set_untracked(self, "_predict_function_steps", steps)
+            state_of(self).predict_function_steps = steps
         return self.predict_function
 
     def _checked_train_step(self, data: Any) -> Any:
@@ -77,7 +78,7 @@ class StepFunctions(Host):
         """
         with distribution.variables_created_outside_replicas():
             self._build_optimizer_while_tracing()
-            with self._diagnostics.tracing_train_step():
+            with state_of(self).diagnostics.tracing_train_step():
                 logs = self.train_step(data)
         _compat.mark_built_if_complete(self)  # sub-models without an input shape are built by now
         if isinstance(self.optimizer, NamedOptimizers):

@@ -72,6 +72,19 @@ def test_every_copy_named_in_the_list_exists():
     assert not missing, f"renamed or removed; update custom_fit/_compat/internals.py: {missing}"
 
 
+def test_every_extension_point_named_here_exists():
+    other = "custom_fit._compat.keras3" if custom_fit.KERAS_2 else "custom_fit._compat.keras2"
+    missing = []
+    for name in EXTENSION_POINTS:
+        if name.startswith(other):  # a Keras 2 process never loads Keras 3 (nor the reverse)
+            continue
+        try:
+            _resolve(name)
+        except (ImportError, AttributeError):
+            missing.append(name)
+    assert not missing, f"renamed or removed; update EXTENSION_POINTS: {missing}"
+
+
 def test_every_copy_is_described_in_the_docs():
     page = (ROOT / "docs" / "keras_internals.md").read_text(encoding="utf-8")
     described = {copy.id for copy in internals.COPIES if f"`{copy.id}`" in page}
@@ -244,7 +257,6 @@ EXTENSION_POINTS = {
     "custom_fit.gan_samples.GenerateSamples": "a Callback: on_epoch_end is a public hook",
     "custom_fit._backup_and_restore.BackupAndRestore": "a Callback: public hooks (__init__: *-backup-and-restore)",
     "custom_fit._optimizers.NamedOptimizers.__init__": "an optimizer's constructor",
-    "custom_fit._fit_loop.FitLoopHooks.__init__": "sets its own state, then runs Keras' constructor as it is",
     "custom_fit._optimizers.NamedOptimizers.apply_gradients": "refuses: a group applies no gradients itself",
     "custom_fit._optimizers.NamedOptimizers.apply": "refuses: a group applies no gradients itself",
     "custom_fit._optimizers.NamedOptimizers.get_config": "public serialization of the group",

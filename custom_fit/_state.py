@@ -1,0 +1,76 @@
+"""custom_fit's state of one model, in one typed object.
+
+Keras keeps a model's trainer state on the model (``optimizer``, ``compiled_loss``,
+``train_function``, ...). What custom_fit adds (the tuner, the step's
+diagnostics, the trackers of logged values, the calls of ``fit``/``evaluate``/
+``predict`` that run, the recorded constructor and ``compile`` arguments) lives
+in one :class:`ModelState`, reached with :func:`state_of`: one attribute on the
+model, out of Keras' tracking and out of every saved file.
+
+The state is made the first time any part of custom_fit asks for it, not in a
+constructor, because Keras itself calls into custom_fit (``steps_per_execution``,
+``compile``) from its own ``__init__``, and TF1-style code can train a model whose
+``compile`` ran in another graph. Nothing in this module is public API.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from custom_fit import _compat
+from custom_fit._diagnostics import StepDiagnostics
+
+if TYPE_CHECKING:
+    from custom_fit._fit_loop import LoopCall
+    from custom_fit._logged_values import LoggedValues
+    from custom_fit._step_fusion import StepsPerExecutionTuner
+
+__all__ = ["ModelState", "state_of"]
+
+_ATTRIBUTE = "_custom_fit"
+
+
+@dataclasses.dataclass(eq=False)
+class ModelState:
+    """Everything custom_fit keeps for one model beyond Keras' own attributes.
+
+    Attributes:
+        diagnostics: Records the training step while it is traced and warns about misuse.
+        steps_tuner: The tuner of ``compile(steps_per_execution="auto")``, else ``None``.
+        fixed_steps_per_execution: The ``steps_per_execution`` Keras or ``compile`` set.
+        loop_calls: The ``fit``/``evaluate``/``predict`` calls running now, innermost last.
+        logged_values: The trackers of ``logged_values`` (made by ``compile``).
+        reports_loss: Whether a step added its loss to the ``loss`` tracker itself.
+        constructor_arguments: ``__init__``'s arguments by name, for ``get_config``.
+        compile_arguments: A custom ``compile``'s arguments by name, for ``get_compile_config``.
+        recording_compile: Whether a custom ``compile`` is being recorded now.
+        predict_function_steps: The steps the predict function was made for.
+    """
+
+    diagnostics: StepDiagnostics
+    steps_tuner: StepsPerExecutionTuner | None = None
+    fixed_steps_per_execution: Any = 1
+    loop_calls: list[LoopCall] = dataclasses.field(default_factory=list)
+    logged_values: LoggedValues | None = None
+    reports_loss: bool = False
+    constructor_arguments: dict[str, Any] | None = None
+    compile_arguments: dict[str, Any] | None = None
+    recording_compile: bool = False
+    predict_function_steps: int | None = None
+
+
+def state_of(model: Any) -> ModelState:
+    """``model``'s :class:`ModelState`, made on first use.
+
+    Example:
+        >>> import custom_fit
+        >>> model = custom_fit.CustomSequential([custom_fit.keras.layers.Dense(1)])
+        >>> state_of(model) is state_of(model), state_of(model).steps_tuner
+        (True, None)
+    """
+    state: ModelState | None = vars(model).get(_ATTRIBUTE)
+    if state is None:
+        state = ModelState(StepDiagnostics(model))
+        _compat.set_untracked(model, _ATTRIBUTE, state)
+    return state
