@@ -36,9 +36,6 @@ from custom_fit._compat import keras
 from custom_fit._fit_loop import EpochPosition, fit_position
 from custom_fit._random_state import RandomState, random_state_arrays, random_states
 
-if not _compat.KERAS_2:  # a Keras 2 process never loads Keras 3
-    from custom_fit._compat import keras3_only
-
 __all__ = ["Backup", "BackupAndRestore"]
 
 _FORMAT = 1
@@ -209,7 +206,7 @@ class BackupAndRestore(keras.callbacks.Callback):
                 f"save_freq must be 'epoch' or a positive number of training steps, received {save_freq!r}. "
                 "Fix: BackupAndRestore(backup_dir, save_freq='epoch') or save_freq=100."
             )
-        if is_steps and _compat.KERAS_2:
+        if is_steps and not _compat.RESUMES_MID_EPOCH:
             raise ValueError(
                 f"BackupAndRestore(save_freq={save_freq}) resumes in the middle of an epoch, which custom_fit "
                 "can do on Keras 3 only: tf_keras' data handler cannot start an epoch after the batches "
@@ -248,7 +245,7 @@ class BackupAndRestore(keras.callbacks.Callback):
                 f"loop, but the model is a {type(self.model).__name__}. Fix: use custom_fit.CustomModel "
                 "(also as CustomModel(inputs, outputs)) or custom_fit.CustomSequential, or save_freq='epoch'."
             )
-        if _compat.KERAS_2 and not isinstance(self.model, _compat.TrainerHooks):
+        if _compat.RESUMES_ONLY_CUSTOM_FIT_MODELS and not isinstance(self.model, _compat.TrainerHooks):
             raise TypeError(
                 "custom_fit.BackupAndRestore on Keras 2 resumes through custom_fit's fit loop, but the model is "
                 f"a {type(self.model).__name__}. Fix: use custom_fit.CustomModel (also as CustomModel(inputs, "
@@ -314,7 +311,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         """The data adapter's count of ended epochs (Keras >= 3.16), read after an epoch ended."""
         if self._position is None or self._position.adapter is None:
             return None
-        return keras3_only.data_epoch(self._position.adapter)
+        return _compat.keras3_only.data_epoch(self._position.adapter)
 
     def _write(
         self, epoch: int, step: int, iterator: int, skip: int, random_state: RandomState, data_epoch: int | None
@@ -357,7 +354,7 @@ class BackupAndRestore(keras.callbacks.Callback):
     def _restore_metrics(self, values: list[list[np.ndarray]]) -> None:
         """Sets each metric variable to its backed-up value (Keras reset them when the epoch began)."""
         if self._position is not None and self._position.element_spec is not None:
-            keras3_only.build_compiled_state(self.model, self._position.element_spec)
+            _compat.keras3_only.build_compiled_state(self.model, self._position.element_spec)
         metrics = _epoch_metrics(self.model)
         shapes = [[tuple(v.shape) for v in metric.variables] for metric in metrics]
         if shapes != [[value.shape for value in saved] for saved in values]:

@@ -38,15 +38,12 @@ from custom_fit import _compat
 from custom_fit._compat import keras
 from custom_fit._host import Host
 
-if not _compat.KERAS_2:  # this module's Keras 3 private names; a Keras 2 process never loads Keras 3
-    from custom_fit._compat import keras3_only
-
 __all__ = ["CompiledAttributes", "CompiledLoss", "CompiledMetrics"]
 
 
 def _keras_3_only(model: Any, name: str, attribute: str) -> None:
     """Refuses to make ``name`` on Keras 2, where ``model.<attribute>`` is Keras' own."""
-    if _compat.KERAS_2:
+    if _compat.HAS_COMPILED_LOSS_ATTRIBUTES:
         raise ValueError(
             f"custom_fit.{name} gives Keras 3 models Keras 2's `model.{attribute}`; this process "
             f"runs Keras 2 ({_compat.KERAS_VERSION}, TF_USE_LEGACY_KERAS=1), where model "
@@ -100,11 +97,11 @@ class CompiledLoss:
         """
         model = self._model
         losses = []
-        compiled = keras3_only.compiled_loss_value(model, y_true, y_pred, sample_weight)
+        compiled = _compat.keras3_only.compiled_loss_value(model, y_true, y_pred, sample_weight)
         if compiled is not None:
             losses.append(compiled)
         for loss in regularization_losses or ():
-            losses.append(keras3_only.aggregate_additional_loss(model, loss))
+            losses.append(_compat.keras3_only.aggregate_additional_loss(model, loss))
         if not losses:
             raise ValueError(
                 "`compiled_loss` has nothing to compute: expected a `loss` passed "
@@ -112,7 +109,7 @@ class CompiledLoss:
                 f"neither for model '{model.name}'. Fix: call "
                 "`model.compile(optimizer=..., loss=...)` with a loss."
             )
-        total = keras3_only.sum_losses(losses)
+        total = _compat.keras3_only.sum_losses(losses)
         if _compat.loss_tracker(model) is not None:
             model._add_to_loss_tracker(total, _compat.batch_size_of(y_pred))
         return total
@@ -122,7 +119,7 @@ class CompiledLoss:
         """The loss trackers this object updates (``loss`` and per-output losses)."""
         tracker = _compat.loss_tracker(self._model)
         trackers = [tracker] if tracker is not None else []
-        return trackers + keras3_only.compiled_loss_trackers(self._model)
+        return trackers + _compat.keras3_only.compiled_loss_trackers(self._model)
 
 
 class CompiledMetrics:

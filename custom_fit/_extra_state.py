@@ -27,9 +27,6 @@ from typing import Any
 from custom_fit import _compat
 from custom_fit._host import Host
 
-if not _compat.KERAS_2:  # a Keras 2 process never loads Keras 3
-    from custom_fit._compat import keras3_only
-
 __all__ = ["SavesSeedGeneratorStates", "SavesUntrackedVariables"]
 
 # Prefixes of the entries save_own_variables adds to the model's own weights.
@@ -49,14 +46,14 @@ class SavesSeedGeneratorStates(Host):
         resumed from a file continues exactly like an uninterrupted one.
         """
         super().save_own_variables(store)
-        for i, state in enumerate(keras3_only.seed_generator_states(self)):
+        for i, state in enumerate(_compat.keras3_only.seed_generator_states(self)):
             store[f"{_SEED_STATE_KEY}{i}"] = state
 
     def load_own_variables(self, store: Any) -> None:
         """Loads what :meth:`save_own_variables` saved (files without seed states load too)."""
         keys = list(store.keys())  # a Keras weights store (an H5 group), not a dict
         super().load_own_variables({k: store[k] for k in keys if not k.startswith(_SEED_STATE_KEY)})
-        for i, state in enumerate(keras3_only.seed_generator_states(self)):
+        for i, state in enumerate(_compat.keras3_only.seed_generator_states(self)):
             if f"{_SEED_STATE_KEY}{i}" in keys:
                 state.assign(store[f"{_SEED_STATE_KEY}{i}"])
 

@@ -37,9 +37,6 @@ from custom_fit._host import Host
 from custom_fit._random_state import RandomState
 from custom_fit._state import state_of
 
-if not _compat.KERAS_2:  # a Keras 2 process never loads Keras 3
-    from custom_fit._compat import keras3_only
-
 __all__ = ["EpochPosition", "FitLoopHooks", "LoopCall", "ResumePoint", "fit_position"]
 
 
@@ -152,7 +149,7 @@ class FitLoopHooks(Host):
 
     def _epoch_iterator_made(self, epoch_iterator: Any) -> None:
         """Called by ``_maybe_symbolic_build`` with each epoch iterator ``fit``/``evaluate`` make, before callbacks."""
-        keras3_only.without_autotuning(epoch_iterator)
+        _compat.keras3_only.without_autotuning(epoch_iterator)
         state = state_of(self)
         if not state.loop_calls:
             return
@@ -165,10 +162,10 @@ class FitLoopHooks(Host):
             call.steered = True
             tuner, fixed = state.steps_tuner, int(state.fixed_steps_per_execution)
             plan = tuner.plan if tuner is not None else lambda remaining: fixed
-            keras3_only.steer_epoch_iterator(epoch_iterator, plan, call.position)
+            _compat.keras3_only.steer_epoch_iterator(epoch_iterator, plan, call.position)
         elif call.kind == "evaluate":
             # fit made its validation's epoch iterator when "auto" may have fused another number.
-            keras3_only.set_steps_per_execution(epoch_iterator, self.steps_per_execution)
+            _compat.keras3_only.set_steps_per_execution(epoch_iterator, self.steps_per_execution)
 
 
 def fit_position(model: Any) -> EpochPosition | None:

@@ -37,9 +37,11 @@ from custom_fit import _gradient_contract as gradient_contract
 from custom_fit import _optimizers as optimizers
 from custom_fit import _step_fusion as step_fusion
 from custom_fit._compat import keras
+from custom_fit._compiled import CompiledAttributes
 from custom_fit._configs import ConfigFromConstructor, RecompilesOnLoad
 from custom_fit._diagnostics import GradsAndVars
-from custom_fit._extra_state import SavesUntrackedVariables
+from custom_fit._extra_state import SavesSeedGeneratorStates, SavesUntrackedVariables
+from custom_fit._fit_loop import FitLoopHooks
 from custom_fit._functional import functional_twin
 from custom_fit._logged_values import LoggedValuesMixin
 from custom_fit._optimizers import SavesOptimizerAssignment
@@ -48,16 +50,11 @@ from custom_fit._step_functions import StepFunctions
 
 __all__ = ["CustomModel", "CustomSequential"]
 
-if _compat.KERAS_2:
-    # Keras 2 has its own compiled_loss / compiled_metrics, no seed generators to save,
-    # and skips batch hooks nobody implements itself.
-    _KERAS_3_ONLY: tuple[type, ...] = ()
-else:
-    from custom_fit._compiled import CompiledAttributes
-    from custom_fit._extra_state import SavesSeedGeneratorStates
-    from custom_fit._fit_loop import FitLoopHooks
-
-    _KERAS_3_ONLY = (FitLoopHooks, CompiledAttributes, SavesSeedGeneratorStates)
+# Keras 2 has its own compiled_loss / compiled_metrics, no seed generators to save, and a fit
+# loop custom_fit steers from _compat/keras2.py (the one choice of Keras outside _compat).
+_KERAS_3_ONLY: tuple[type, ...] = (
+    () if _compat.KERAS_2 else (FitLoopHooks, CompiledAttributes, SavesSeedGeneratorStates)
+)
 
 
 @keras.saving.register_keras_serializable(package="custom_fit")

@@ -21,6 +21,9 @@ Keras changed one of them since the version it was reviewed against
 Nothing in this package is public API.
 """
 
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
+
 import tensorflow as _tf
 
 from custom_fit._compat import contract
@@ -56,8 +59,25 @@ else:
 
 _version: contract.KerasVersion = _module
 
+if _TYPE_CHECKING:
+    from custom_fit._compat import keras3_only  # on Keras 3, loaded by keras3; see __getattr__
+
+
+def __getattr__(name: str) -> _Any:
+    """``keras3_only`` on Keras 2: a Keras-3-only code path was reached, which is a bug in custom_fit."""
+    if name == "keras3_only":
+        raise AttributeError(
+            f"custom_fit._compat.keras3_only is Keras 3's, but this process runs {KERAS_VERSION}: a Keras-3-only "
+            "code path of custom_fit ran on Keras 2. Please report it with the traceback."
+        )
+    raise AttributeError(f"module 'custom_fit._compat' has no attribute {name!r}")
+
+
 BACKUP_WEIGHTS_FILE = _version.BACKUP_WEIGHTS_FILE
 GROUP_COMPILE_KWARGS = _version.GROUP_COMPILE_KWARGS
+HAS_COMPILED_LOSS_ATTRIBUTES = _version.HAS_COMPILED_LOSS_ATTRIBUTES
+RESUMES_MID_EPOCH = _version.RESUMES_MID_EPOCH
+RESUMES_ONLY_CUSTOM_FIT_MODELS = _version.RESUMES_ONLY_CUSTOM_FIT_MODELS
 KERAS_VERSION = _version.KERAS_VERSION
 OPTIMIZER_CLASSES = _version.OPTIMIZER_CLASSES
 OPTIMIZER_GROUP_KWARGS = _version.OPTIMIZER_GROUP_KWARGS
@@ -104,10 +124,13 @@ wrap_for_loss_scaling = _version.wrap_for_loss_scaling
 __all__ = [
     "BACKUP_WEIGHTS_FILE",
     "GROUP_COMPILE_KWARGS",
+    "HAS_COMPILED_LOSS_ATTRIBUTES",
     "KERAS_2",
     "KERAS_VERSION",
     "OPTIMIZER_CLASSES",
     "OPTIMIZER_GROUP_KWARGS",
+    "RESUMES_MID_EPOCH",
+    "RESUMES_ONLY_CUSTOM_FIT_MODELS",
     "SAVES_UNCONFIGURABLE_MODELS",
     "STEP_UPDATES_LOSS_TRACKER",
     "Functional",

@@ -51,6 +51,13 @@ class KerasVersion(Protocol):
     GROUP_COMPILE_KWARGS: dict[str, Any]
     #: The weights file of a ``custom_fit.BackupAndRestore`` backup.
     BACKUP_WEIGHTS_FILE: str
+    #: Whether ``custom_fit.BackupAndRestore`` can resume in the middle of an epoch (Keras 3).
+    RESUMES_MID_EPOCH: bool
+    #: Whether ``custom_fit.BackupAndRestore`` can resume only a custom_fit model (Keras 2: tf_keras'
+    #: ``fit`` asks the model where to start; Keras 3 reads the callback's initial epoch).
+    RESUMES_ONLY_CUSTOM_FIT_MODELS: bool
+    #: Whether Keras gives models its own ``compiled_loss`` / ``compiled_metrics`` (Keras 2).
+    HAS_COMPILED_LOSS_ATTRIBUTES: bool
 
     # -- classes and the module (read-only: a module's classes are not assignable) --
 

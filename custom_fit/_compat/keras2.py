@@ -59,9 +59,12 @@ from custom_fit._host import Host
 __all__ = [
     "BACKUP_WEIGHTS_FILE",
     "GROUP_COMPILE_KWARGS",
+    "HAS_COMPILED_LOSS_ATTRIBUTES",
     "KERAS_VERSION",
     "OPTIMIZER_CLASSES",
     "OPTIMIZER_GROUP_KWARGS",
+    "RESUMES_MID_EPOCH",
+    "RESUMES_ONLY_CUSTOM_FIT_MODELS",
     "SAVES_UNCONFIGURABLE_MODELS",
     "STEP_UPDATES_LOSS_TRACKER",
     "Functional",
@@ -108,6 +111,15 @@ KERAS_VERSION: str = f"tf_keras {keras.__version__}"
 
 #: Keras 2's compiled loss updates the ``loss`` tracker when called, so the step does not.
 STEP_UPDATES_LOSS_TRACKER = False
+
+#: tf_keras' data handler cannot start an epoch after the batches already trained.
+RESUMES_MID_EPOCH = False
+
+#: tf_keras' ``fit`` asks the model where to start (``TrainerHooks._maybe_load_initial_counters_from_ckpt``).
+RESUMES_ONLY_CUSTOM_FIT_MODELS = True
+
+#: tf_keras models have Keras' own ``compiled_loss`` / ``compiled_metrics``.
+HAS_COMPILED_LOSS_ATTRIBUTES = True
 
 #: tf_keras saves a subclassed model it cannot configure, with an empty config (``load_model`` then fails).
 SAVES_UNCONFIGURABLE_MODELS = True
