@@ -3,16 +3,15 @@
 Public Keras examples write multi-model code that ``keras.Model`` cannot save:
 sub-models handed to ``__init__`` with no ``get_config``, and optimizers,
 losses and settings handed to a ``compile`` of the model's own and kept as
-attributes. ``CustomModel`` saves such code as it is:
+attributes. ``CustomModel`` saves such code as it is; :class:`ConfigsFromArguments`
 
-* :class:`ConfigFromConstructor` records the arguments each model was
-  constructed with and, when the class defines no ``get_config``, serializes
-  them with Keras' own serialization (sub-models, optimizers, losses, plain
-  values); ``from_config`` rebuilds them and calls the constructor again.
-* :class:`RecompilesOnLoad` records the arguments of a ``compile`` with a
-  signature of its own, saves them as the compile config, and re-runs that
-  ``compile`` when the model is loaded; ``CustomModel.compile`` re-runs from
-  Keras' own config.
+* records the arguments each model was constructed with and, when the class
+  defines no ``get_config``, serializes them with Keras' own serialization
+  (sub-models, optimizers, losses, plain values); ``from_config`` rebuilds
+  them and calls the constructor again;
+* records the arguments of a ``compile`` with a signature of its own, saves
+  them as the compile config, and re-runs that ``compile`` when the model is
+  loaded; ``CustomModel.compile`` re-runs from Keras' own config.
 
 The state Keras leaves out of the weights file is :mod:`custom_fit._extra_state`'s.
 """
@@ -30,7 +29,7 @@ from custom_fit._compat import keras
 from custom_fit._host import Host
 from custom_fit._state import state_of
 
-__all__ = ["ConfigFromConstructor", "RecompilesOnLoad"]
+__all__ = ["ConfigsFromArguments"]
 
 # Wraps a Keras object inside a config of captured arguments.
 _KERAS_OBJECT = "__custom_fit_keras_object__"
@@ -149,15 +148,41 @@ def _accepts(function: Callable[..., Any], name: str) -> bool:
 # --------------------------------------------------------------------------
 
 
-class ConfigFromConstructor(Host):
-    """Gives a ``CustomModel`` subclass without ``get_config`` one made from its constructor arguments.
+def _recording_arguments(compile_method: Callable[..., Any]) -> Callable[..., Any]:
+    """Wraps a subclass' own ``compile`` so that the outermost call records its arguments."""
 
-    Keras serializes a subclassed model's constructor arguments only when all
-    are plain values; sub-models (the usual GAN, VAE and distiller code) make
-    ``model.save`` raise ``NotImplementedError``. Here every argument a Keras
-    object is serialized with ``keras.saving.serialize_keras_object`` and
-    rebuilt by ``from_config``; a class' own ``get_config`` still wins.
-    Functional and Sequential models keep Keras' own configs.
+    @functools.wraps(compile_method)
+    def compile(self: Host, *args: Any, **kwargs: Any) -> Any:
+        state = state_of(self)
+        if state.recording_compile:  # super().compile() from a subclass' compile
+            return compile_method(self, *args, **kwargs)
+        state.recording_compile = True
+        try:
+            result = compile_method(self, *args, **kwargs)
+        finally:
+            state.recording_compile = False
+        state.compile_arguments = captured_arguments(compile_method, args, kwargs)
+        self._after_compile()
+        return result
+
+    return compile
+
+
+class ConfigsFromArguments(Host):
+    """Makes ``CustomModel``'s configs from the arguments its constructor and ``compile`` received.
+
+    **Constructor.** Keras serializes a subclassed model's constructor
+    arguments only when all are plain values; sub-models (the usual GAN, VAE
+    and distiller code) make ``model.save`` raise ``NotImplementedError``.
+    Here every argument a Keras object is serialized with
+    ``keras.saving.serialize_keras_object`` and rebuilt by ``from_config``; a
+    class' own ``get_config`` still wins. Functional and Sequential models keep
+    Keras' own configs.
+
+    **compile.** A subclass whose ``compile`` takes its own arguments (the
+    keras.io GAN's ``compile(d_optimizer, g_optimizer, loss_fn)``) gets them
+    recorded; they are saved as the compile config and ``load_model`` calls
+    that ``compile`` again with them. (Keras warns and leaves such a model uncompiled.)
     """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
@@ -211,36 +236,6 @@ class ConfigFromConstructor(Host):
             if layer_config and not layer.built:
                 layer.build_from_config(layer_config)
         _compat.mark_built_if_complete(self)
-
-
-def _recording_arguments(compile_method: Callable[..., Any]) -> Callable[..., Any]:
-    """Wraps a subclass' own ``compile`` so that the outermost call records its arguments."""
-
-    @functools.wraps(compile_method)
-    def compile(self: Host, *args: Any, **kwargs: Any) -> Any:
-        state = state_of(self)
-        if state.recording_compile:  # super().compile() from a subclass' compile
-            return compile_method(self, *args, **kwargs)
-        state.recording_compile = True
-        try:
-            result = compile_method(self, *args, **kwargs)
-        finally:
-            state.recording_compile = False
-        state.compile_arguments = captured_arguments(compile_method, args, kwargs)
-        self._after_compile()
-        return result
-
-    return compile
-
-
-class RecompilesOnLoad(Host):
-    """Lets ``load_model`` re-run ``compile``, including one with a signature of its own.
-
-    A subclass whose ``compile`` takes its own arguments (the keras.io GAN's
-    ``compile(d_optimizer, g_optimizer, loss_fn)``) gets them recorded; they
-    are saved as the compile config and ``load_model`` calls that ``compile``
-    again with them. (Keras warns and leaves such a model uncompiled.)
-    """
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

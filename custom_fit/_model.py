@@ -38,13 +38,12 @@ from custom_fit import _optimizers as optimizers
 from custom_fit import _step_fusion as step_fusion
 from custom_fit._compat import keras
 from custom_fit._compiled import CompiledAttributes
-from custom_fit._configs import ConfigFromConstructor, RecompilesOnLoad
+from custom_fit._configs import ConfigsFromArguments
 from custom_fit._diagnostics import GradsAndVars
-from custom_fit._extra_state import SavesSeedGeneratorStates, SavesUntrackedVariables
+from custom_fit._extra_state import SavesExtraState
 from custom_fit._fit_loop import FitLoopHooks
 from custom_fit._functional import functional_twin
 from custom_fit._logged_values import LoggedValuesMixin
-from custom_fit._optimizers import SavesOptimizerAssignment
 from custom_fit._state import state_of
 from custom_fit._step_functions import StepFunctions
 
@@ -52,20 +51,16 @@ __all__ = ["CustomModel", "CustomSequential"]
 
 # Keras 2 has its own compiled_loss / compiled_metrics, no seed generators to save, and a fit
 # loop custom_fit steers from _compat/keras2.py (the one choice of Keras outside _compat).
-_KERAS_3_ONLY: tuple[type, ...] = (
-    () if _compat.KERAS_2 else (FitLoopHooks, CompiledAttributes, SavesSeedGeneratorStates)
-)
+_KERAS_3_ONLY: tuple[type, ...] = () if _compat.KERAS_2 else (FitLoopHooks, CompiledAttributes)
 
 
 @keras.saving.register_keras_serializable(package="custom_fit")
 class CustomModel(
-    *_KERAS_3_ONLY,  # type: ignore[misc]  # Keras 3 adds three mixins (see above)
-    SavesUntrackedVariables,
-    SavesOptimizerAssignment,
-    ConfigFromConstructor,
+    *_KERAS_3_ONLY,  # type: ignore[misc]  # Keras 3 adds two mixins (see above)
+    SavesExtraState,
+    ConfigsFromArguments,
     StepFunctions,
     LoggedValuesMixin,
-    RecompilesOnLoad,
     _compat.TrainerHooks,
     keras.Model,
 ):

@@ -31,21 +31,18 @@ import tensorflow as tf
 
 from custom_fit import _compat
 from custom_fit._compat import keras
-from custom_fit._host import Host
 
 __all__ = [
     "DEFAULT_OPTIMIZER",
     "UNSET",
     "NamedOptimizers",
-    "SavesOptimizerAssignment",
     "for_compile",
     "give_keras2_api",
     "group_attribute_optimizers",
+    "load_assignment",
     "resolve",
+    "save_assignment",
 ]
-
-# The prefix of the entries SavesOptimizerAssignment adds to the model's own weights.
-_OPTIMIZER_VARIABLES_KEY = "optimizer_variables_"
 
 #: The optimizer ``keras.Model.compile`` uses when it is given none.
 DEFAULT_OPTIMIZER = "rmsprop"
@@ -474,40 +471,34 @@ def give_keras2_api(model: Any) -> None:
         _compat.with_keras2_api(member)
 
 
-class SavesOptimizerAssignment(Host):
-    """Saves which model variables each named optimizer updates, and builds it from that on load.
+def save_assignment(model: Any) -> dict[str, Any]:
+    """``{name: positions}``: which of ``model.trainable_variables`` each built named optimizer updates.
 
-    An optimizer's state (slots) can only be read into a built optimizer;
-    after ``load_model`` or in a fresh process before ``load_weights`` the
-    named optimizers are not built yet. Their variables' positions in
-    ``model.trainable_variables`` are saved with the model's own variables and
-    used to build them first.
+    An optimizer's state (slots) can only be read into a built optimizer; after
+    ``load_model`` or in a fresh process before ``load_weights`` the named
+    optimizers are not built yet. These positions, saved with the model's own
+    variables (``custom_fit._extra_state``), build them first (:func:`load_assignment`).
     """
+    group: Any = getattr(model, "optimizer", None)
+    if not hasattr(group, "members_built_on"):
+        return {}
+    variables = model.trainable_variables
+    positions = {id(v): i for i, v in enumerate(variables)}
+    return {
+        name: np.array([positions[id(v)] for v in built_on], "int64")
+        for name, built_on in group.members_built_on(variables).items()
+    }
 
-    def save_own_variables(self, store: Any) -> None:
-        """Saves the model's own variables and the variable positions of each built named optimizer."""
-        super().save_own_variables(store)
-        group: Any = getattr(self, "optimizer", None)
-        if not hasattr(group, "members_built_on"):
-            return
-        variables = self.trainable_variables
-        positions = {id(v): i for i, v in enumerate(variables)}
-        for name, built_on in group.members_built_on(variables).items():
-            store[f"{_OPTIMIZER_VARIABLES_KEY}{name}"] = np.array([positions[id(v)] for v in built_on], "int64")
 
-    def load_own_variables(self, store: Any) -> None:
-        """Loads the model's own variables, then builds the unbuilt named optimizers that were saved built."""
-        names = list(store.keys())  # a Keras weights store (an H5 group), not a dict
-        keys = [k for k in names if k.startswith(_OPTIMIZER_VARIABLES_KEY)]
-        super().load_own_variables({k: store[k] for k in names if k not in keys})
-        group: Any = getattr(self, "optimizer", None)
-        if not keys or not hasattr(group, "build_member"):
-            return
-        variables = self.trainable_variables
-        # Under a tf.distribute strategy (BackupAndRestore restores before the first step, outside
-        # the strategy's scope) the slots must be created by the strategy, like the model's variables.
-        with tf.init_scope(), self.distribute_strategy.scope():
-            for key in keys:
-                name = key[len(_OPTIMIZER_VARIABLES_KEY) :]
-                if name in group and not _compat.optimizer_built(group[name]):
-                    group.build_member(name, [variables[int(i)] for i in np.asarray(store[key])])
+def load_assignment(model: Any, saved: Mapping[str, Any]) -> None:
+    """Builds each unbuilt named optimizer that :func:`save_assignment` saved built, on its saved variables."""
+    group: Any = getattr(model, "optimizer", None)
+    if not saved or not hasattr(group, "build_member"):
+        return
+    variables = model.trainable_variables
+    # Under a tf.distribute strategy (BackupAndRestore restores before the first step, outside
+    # the strategy's scope) the slots must be created by the strategy, like the model's variables.
+    with tf.init_scope(), model.distribute_strategy.scope():
+        for name, positions in saved.items():
+            if name in group and not _compat.optimizer_built(group[name]):
+                group.build_member(name, [variables[int(i)] for i in np.asarray(positions)])

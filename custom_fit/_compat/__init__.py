@@ -108,6 +108,7 @@ random_normal = _version.random_normal
 random_uniform = _version.random_uniform
 scale_loss = _version.scale_loss
 scale_loss_for_distribution = _version.scale_loss_for_distribution
+seed_generator_states = _version.seed_generator_states
 set_initial_epoch = _version.set_initial_epoch
 share_registered_name = _version.share_registered_name
 sum_across_replicas = _version.sum_across_replicas
@@ -170,6 +171,7 @@ __all__ = [
     "rescale_gradients",
     "scale_loss",
     "scale_loss_for_distribution",
+    "seed_generator_states",
     "set_initial_epoch",
     "set_untracked",
     "share_registered_name",

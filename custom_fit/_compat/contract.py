@@ -182,6 +182,9 @@ class KerasVersion(Protocol):
     def variable_names(self, model: KerasObject, variables: Any) -> list[str]:
         """The variables' paths in ``model``, for messages."""
 
+    def seed_generator_states(self, model: KerasObject) -> list[Any]:
+        """The state variables of the seed generators in ``model`` that Keras does not save."""
+
     def untracked_variables(self, model: KerasObject) -> list[UntrackedVariable]:
         """The variables layer attributes hold that this Keras does not track."""
 

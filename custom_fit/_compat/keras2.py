@@ -95,6 +95,7 @@ __all__ = [
     "rescale_gradients",
     "scale_loss",
     "scale_loss_for_distribution",
+    "seed_generator_states",
     "set_initial_epoch",
     "share_registered_name",
     "sum_across_replicas",
@@ -495,6 +496,12 @@ def _restore_penalties(model: Any, counters: dict[int, CountingCall]) -> None:
 #: the step is traced tells whether the step computed it at all. The layers' penalties are
 #: Keras' own again when the context ends.
 counting_regularizer_calls = shared_while_inside(_count_regularizer_calls, _restore_penalties)
+
+
+def seed_generator_states(model: Any) -> list[Any]:
+    """None: tf_keras layers draw from TensorFlow's global generator (no format saves it), and
+    custom_fit's Keras 2 :class:`SeedGenerator` is a layer whose state weight Keras saves."""
+    return []
 
 
 def untracked_variables(model: Any) -> list[UntrackedVariable]:

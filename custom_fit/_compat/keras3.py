@@ -84,6 +84,7 @@ __all__ = [
     "rescale_gradients",
     "scale_loss",
     "scale_loss_for_distribution",
+    "seed_generator_states",
     "set_initial_epoch",
     "share_registered_name",
     "sum_across_replicas",
@@ -469,6 +470,11 @@ counting_regularizer_calls = shared_while_inside(_count_regularizer_calls, _rest
 def variable_names(model: keras.Model, variables: Any) -> list[str]:
     """The variables' paths, for messages (Keras 3 variables know their layer: ``variable.path``)."""
     return variable_names_without_model(variables)
+
+
+def seed_generator_states(model: keras.Model) -> list[Any]:
+    """Every ``SeedGenerator`` state in ``model`` and its layers: Keras 3 does not save them."""
+    return keras3_only.seed_generator_states(model)
 
 
 def untracked_variables(model: keras.Model) -> list[UntrackedVariable]:
