@@ -66,7 +66,11 @@ epochs per fit call" trains the CNN's epochs four to a ``fit`` call (and four pa
 loop), as training runs do. On Keras 2 the keras.io GAN, that variant (tf_keras has no
 per-step wait to remove) and the loops (Keras 3 code) are left out. The four "gradient
 contract" workloads (Keras 3; ``--only contract-...``) train the MLP and the GAN in float32 and
-``mixed_float16`` with and without the gradient contract (:func:`keras_gradient_order`): its cost. Results go to
+``mixed_float16`` with and without the gradient contract (:func:`keras_gradient_order`): its cost.
+The "progress bar" workload (Keras 3; ``--only progbar``) trains the MLP with ``verbose=1`` (the bar
+written to ``os.devnull``), with Keras' ``ProgbarLogger`` handed the step's tensors (custom_fit's
+choice: it converts them when it redraws) and handed logs converted every step (as in Keras):
+what the copy ``k3-progbar`` gains. Results go to
 ``OUT/results.json``, ``OUT/results.md`` and ``OUT/throughput.png``.
 """
 
@@ -107,6 +111,8 @@ STATS = ("median", "ci", "half_width", "geomean", "geomean_ci")  # of each ratio
 EAGER_LOGS = "CustomModel.fit, Keras' CallbackList (logs read every step)"
 FIT_COST = "fit call cost (the cnn, one step per fit call)"
 CNN_EPOCHS = "cnn, 4 epochs per fit call"
+PROGBAR = "progress bar (the mlp, fit(verbose=1))"
+PROGBAR_LAZY = "CustomModel.fit, verbose=1, progress bar reads converted logs"
 
 Run = Callable[[], object]  # trains on a workload's N examples once
 Builder = Callable[[], Run]  # builds and compiles a variant's model, returns its run()
@@ -524,6 +530,58 @@ def sizes(quick: bool) -> dict[str, int]:
     return dict(cnn=1024, mlp=4096, gan=8192)
 
 
+@contextlib.contextmanager
+def _progress_bar_reads_converted_logs() -> Iterator[None]:
+    """``CustomModel.fit`` with its lazy callbacks, less the raw tensors handed to Keras' progress bar."""
+    from custom_fit import _callbacks, _fit_loop  # what is measured is custom_fit's private choice
+
+    class ConvertedForProgbar(_callbacks.LazyCallbackList):
+        def _batch_hook(self, hook: str, batch: int, logs: dict[str, Any] | None) -> None:
+            callbacks = [c for c in self.callbacks if _callbacks._implements(c, hook)]
+            lazy = _callbacks.LazyLogs(logs)
+            for callback in callbacks:
+                getattr(callback, hook)(batch, logs=lazy)
+
+    original = _fit_loop.LazyCallbackList
+    _fit_loop.LazyCallbackList = ConvertedForProgbar  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        _fit_loop.LazyCallbackList = original  # type: ignore[misc]
+
+
+def progress_bar(n: int) -> Workload:
+    """The MLP with ``fit(verbose=1)``: the progress bar handed tensors, or logs converted every step."""
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(n, 16)).astype("float32"), rng.integers(0, 10, n).astype("int32")
+
+    def builder(base: type, converted: bool = False) -> Builder:
+        def make() -> Run:
+            keras.utils.set_random_seed(0)
+            model = small_mlp(base)
+            model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+
+            def run() -> None:
+                with (
+                    open(os.devnull, "w") as sink,
+                    contextlib.redirect_stdout(sink),
+                    _progress_bar_reads_converted_logs() if converted else contextlib.nullcontext(),
+                ):
+                    model.fit(x, y, batch_size=32, epochs=1, verbose=1, shuffle=False)
+
+            return run
+
+        return make
+
+    builders = {
+        "keras.Model.fit, verbose=1": builder(keras.Model),
+        "CustomModel.fit, verbose=1": builder(custom_fit.CustomModel),
+        PROGBAR_LAZY: builder(custom_fit.CustomModel, converted=True),
+    }
+    gains = [("tensors to the progress bar", "CustomModel.fit, verbose=1", PROGBAR_LAZY)]
+    return Workload(PROGBAR, n, "keras.Model.fit, verbose=1", None, builders, gains)
+
+
 def workloads(quick: bool) -> dict[str, Callable[[], Workload]]:
     """The workloads of this Keras, by ``--only`` key, in run order (the A/A check first)."""
     s = sizes(quick)
@@ -539,6 +597,7 @@ def workloads(quick: bool) -> dict[str, Callable[[], Workload]]:
     }
     if not KERAS_2:
         result["gan"] = lambda: gan(s["gan"])
+        result["progbar"] = lambda: progress_bar(s["mlp"])
         for key, (kind, policy) in CONTRACT_WORKLOADS.items():
             result[key] = functools.partial(gradient_contract, kind, policy, s[kind])
     return result
@@ -795,7 +854,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         nargs="+",
         # Every workload's key on either Keras ("gan" and the contract's only measured on Keras 3:
         # asked for on Keras 2, they get the error below rather than argparse's "invalid choice").
-        choices=list(dict.fromkeys([*workloads(quick=False), "gan", *CONTRACT_WORKLOADS])),
+        choices=list(dict.fromkeys([*workloads(quick=False), "gan", "progbar", *CONTRACT_WORKLOADS])),
         help="only these workloads (aa: the A/A check); results go to <stem>_<names>.*",
     )
     parser.add_argument("--threads", type=int, default=1, help="TensorFlow intra- and inter-op threads (0: default)")

@@ -47,6 +47,7 @@ EXPECTED = (
         CNN_EPOCHS: CLASSIFICATION | {"tf.function loop", bench.EAGER_LOGS},
         MLP: CLASSIFICATION | {"tf.function loop", bench.EAGER_LOGS},
         GAN: {"keras.io GAN (keras.Model)", "custom_fit.GAN", f"custom_fit.GAN, {AUTO}", "tf.function GAN loop"},
+        bench.PROGBAR: {"keras.Model.fit, verbose=1", "CustomModel.fit, verbose=1", bench.PROGBAR_LAZY},
         **CONTRACT,
     }
 )
@@ -81,7 +82,7 @@ def test_quick_benchmark_writes_consistent_results(tmp_path):
     for name, workload in saved["workloads"].items():
         assert name in table
         assert workload["rounds"] == 2 and workload["stopped_by"] in {"ci_target", "max_rounds"}
-        no_loop = bench.KERAS_2 or name == AA or name in CONTRACT
+        no_loop = bench.KERAS_2 or name in (AA, bench.PROGBAR) or name in CONTRACT
         assert workload["loop"] is None if no_loop else workload["loop"] in workload["variants"]
         for variant_name, variant in workload["variants"].items():
             assert variant_name in table
@@ -101,6 +102,8 @@ def test_quick_benchmark_writes_consistent_results(tmp_path):
             if name == AA
             else {"gradient contract"}
             if name in CONTRACT
+            else {"tensors to the progress bar"}
+            if name == bench.PROGBAR
             else {AUTO}
             if bench.KERAS_2 or name == GAN
             else {AUTO, "lazy callbacks"}
