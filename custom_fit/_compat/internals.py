@@ -92,7 +92,7 @@ class Copy:
 
     def upstream_names(self) -> list[str]:
         """Each upstream function as ``module:qualname`` (its first spelling), for messages."""
-        return [spec.lstrip(OPTIONAL).split("|")[0] for spec in self.upstream]
+        return [spec.removeprefix(OPTIONAL).split("|")[0] for spec in self.upstream]
 
     def versions(self) -> set[str]:
         """The versions whose hashes are recorded."""
@@ -205,6 +205,7 @@ def _parsed(file: Path) -> ast.Module | None:
     return ast.parse(file.read_text(encoding="utf-8")) if file.is_file() else None
 
 
+@functools.cache  # missing_upstream and upstream_hash read the same functions
 def _resolve(spec: str, root: Path) -> str | None:
     """The normalized source of the first spelling of ``spec`` found under ``root``."""
     spec = spec.removeprefix(OPTIONAL)
@@ -288,9 +289,9 @@ class Verdict:
     """
 
     ok: bool
+    copy: Copy
     message: str = ""
     reviewed_as: str | None = None
-    copy: Copy | None = None
 
 
 def check(copy: Copy, version: str, found: str, recorded: Mapping[str, Iterable[str]]) -> Verdict:
@@ -312,7 +313,7 @@ def check(copy: Copy, version: str, found: str, recorded: Mapping[str, Iterable[
         reviewed_as = max(older, key=_release_key) if older else None
         expected = by_version[reviewed_as] if reviewed_as else None
     if found == expected:
-        return Verdict(True, reviewed_as=reviewed_as, copy=copy)
+        return Verdict(True, copy, reviewed_as=reviewed_as)
     upstream = ", ".join(copy.upstream_names())
     if expected is None:
         seen = f"no hash is recorded for {copy.package} {version} or any older version"
@@ -325,13 +326,13 @@ def check(copy: Copy, version: str, found: str, recorded: Mapping[str, Iterable[
         )
     return Verdict(
         False,
+        copy,
         f"Keras internal changed: {', '.join(copy.copies)} [{copy.id}] was made from {upstream}. "
         f"Its source in the installed {copy.package} {version} hashes to {found}, but {seen}. "
         f"Fix: re-check the copy against the new upstream source (docs/keras_internals.md "
         f"says what it changes and why), then record the reviewed hashes of this version "
         f"with `python compat/keras_internals.py --record`.",
         reviewed_as,
-        copy,
     )
 
 
@@ -405,13 +406,12 @@ def check_installed(package: str, root: Path | None = None) -> tuple[Verdict, ..
         names = "".join(
             f"\n  - {', '.join(copy.copies)} [{copy.id}], made from {', '.join(copy.upstream_names())}"
             for copy in (verdict.copy for verdict in changed)
-            if copy is not None
         )
         warnings.warn(
             f"custom_fit has not been reviewed against {package} {version}: since {package} "
             f"{changed[0].reviewed_as}, {package} changed {len(changed)} of the {len(copies)} internals "
             f"custom_fit copies:{names}\nTraining may differ from keras.Model where these are used. To be "
-            f'sure, install the newest reviewed version (pip install "{package}=={reviewed}") or a newer '
+            f'sure, install the newest reviewed release (pip install "{package}=={reviewed}") or a newer '
             f"custom_fit; maintainers re-check each copy (docs/keras_internals.md) and record it with "
             f"`python compat/keras_internals.py --record`.",
             UnreviewedKerasWarning,
