@@ -91,7 +91,7 @@ class FitLoopHooks(Host):
         """
         state = state_of(self)
         if state.steps_tuner is None or (state.loop_calls and state.loop_calls[-1].kind != "fit"):
-            return int(state.fixed_steps_per_execution)
+            return state.fixed_steps_per_execution
         return state.steps_tuner.steps
 
     @steps_per_execution.setter
@@ -160,7 +160,7 @@ class FitLoopHooks(Host):
         if call.kind == "fit" and not call.steered:
             assert call.position is not None
             call.steered = True
-            tuner, fixed = state.steps_tuner, int(state.fixed_steps_per_execution)
+            tuner, fixed = state.steps_tuner, state.fixed_steps_per_execution
             plan = tuner.plan if tuner is not None else lambda remaining: fixed
             _compat.keras3_only.steer_epoch_iterator(epoch_iterator, plan, call.position)
         elif call.kind == "evaluate":

@@ -50,7 +50,7 @@ class ModelState:
 
     diagnostics: StepDiagnostics
     steps_tuner: StepsPerExecutionTuner | None = None
-    fixed_steps_per_execution: Any = 1
+    fixed_steps_per_execution: int = 1
     loop_calls: list[LoopCall] = dataclasses.field(default_factory=list)
     logged_values: LoggedValues | None = None
     reports_loss: bool = False
