@@ -536,11 +536,7 @@ def _progress_bar_reads_converted_logs() -> Iterator[None]:
     from custom_fit import _callbacks, _fit_loop  # what is measured is custom_fit's private choice
 
     class ConvertedForProgbar(_callbacks.LazyCallbackList):
-        def _batch_hook(self, hook: str, batch: int, logs: dict[str, Any] | None) -> None:
-            callbacks = [c for c in self.callbacks if _callbacks._implements(c, hook)]
-            lazy = _callbacks.LazyLogs(logs)
-            for callback in callbacks:
-                getattr(callback, hook)(batch, logs=lazy)
+        tensors_for = ()
 
     original = _fit_loop.LazyCallbackList
     _fit_loop.LazyCallbackList = ConvertedForProgbar  # type: ignore[misc]

@@ -137,14 +137,16 @@ def _implements(callback: Any, hook: str) -> bool:
 class LazyCallbackList(keras.callbacks.CallbackList):
     """Keras' ``CallbackList`` without a host wait per step (see the module docstring)."""
 
+    #: Callbacks handed the step's tensors as they are: Keras' progress bar converts them when it redraws.
+    tensors_for: tuple[type, ...] = (keras.callbacks.ProgbarLogger,)
+
     def _batch_hook(self, hook: str, batch: int, logs: dict[str, Any] | None) -> None:
         callbacks = [callback for callback in self.callbacks if _implements(callback, hook)]
         if not callbacks:
             return
         lazy = LazyLogs(logs)
         for callback in callbacks:
-            # Keras' own progress bar stores tensors and converts them when it redraws.
-            getattr(callback, hook)(batch, logs=lazy.raw() if type(callback) is keras.callbacks.ProgbarLogger else lazy)
+            getattr(callback, hook)(batch, logs=lazy.raw() if type(callback) in self.tensors_for else lazy)
 
     def on_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._batch_hook("on_batch_begin", batch, logs)
