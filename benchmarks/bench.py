@@ -533,17 +533,17 @@ def sizes(quick: bool) -> dict[str, int]:
 @contextlib.contextmanager
 def _progress_bar_reads_converted_logs() -> Iterator[None]:
     """``CustomModel.fit`` with its lazy callbacks, less the raw tensors handed to Keras' progress bar."""
-    from custom_fit import _callbacks, _fit_loop  # what is measured is custom_fit's private choice
+    from custom_fit import _callbacks, _loop  # what is measured is custom_fit's private choice
 
     class ConvertedForProgbar(_callbacks.LazyCallbackList):
         tensors_for = ()
 
-    original = _fit_loop.LazyCallbackList
-    _fit_loop.LazyCallbackList = ConvertedForProgbar  # type: ignore[misc]
+    original = _loop.LazyCallbackList
+    _loop.LazyCallbackList = ConvertedForProgbar  # type: ignore[misc]
     try:
         yield
     finally:
-        _fit_loop.LazyCallbackList = original  # type: ignore[misc]
+        _loop.LazyCallbackList = original  # type: ignore[misc]
 
 
 def progress_bar(n: int) -> Workload:

@@ -19,7 +19,7 @@ from typing import Any
 __all__ = ["RENAMED", "register_aliases"]
 
 #: Old public module -> its private module (custom_fit 0.3).
-RENAMED = {
+RENAMED = {"fit_loop": "_loop"} | {
     name: f"_{name}"
     for name in (
         "backup_and_restore",
@@ -30,7 +30,6 @@ RENAMED = {
         "diagnostics",
         "distribution",
         "extra_state",
-        "fit_loop",
         "functional",
         "gradient_contract",
         "logged_values",

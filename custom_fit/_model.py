@@ -41,7 +41,7 @@ from custom_fit._compiled import CompiledAttributes
 from custom_fit._configs import ConfigsFromArguments
 from custom_fit._diagnostics import GradsAndVars
 from custom_fit._extra_state import SavesExtraState
-from custom_fit._fit_loop import FitLoopHooks
+from custom_fit._loop import FitLoopHooks
 from custom_fit._functional import functional_twin
 from custom_fit._logged_values import LoggedValuesMixin
 from custom_fit._state import state_of

@@ -580,7 +580,7 @@ class TrainerHooks(Host):
     def _epoch_iterator_made(self, epoch_iterator: Any) -> None:
         """Called with each epoch iterator ``fit`` and ``evaluate`` make, before any callback runs.
 
-        Does nothing here; :class:`custom_fit._fit_loop.FitLoopHooks` overrides it.
+        Does nothing here; :class:`custom_fit._loop.FitLoopHooks` overrides it.
         """
 
     def _maybe_symbolic_build(self, iterator: Any = None, data_batch: Any = None) -> None:

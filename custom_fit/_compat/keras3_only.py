@@ -4,7 +4,7 @@ Some features of custom_fit have no Keras 2 counterpart, because Keras 2 does
 them itself or has nothing to do: the Keras-2 meaning of ``compiled_loss`` /
 ``compiled_metrics`` (:mod:`custom_fit._compiled`) and saving random seed
 generator states (:mod:`custom_fit._extra_state`). Others reach Keras 3's
-``fit`` loop through its epoch iterator (:mod:`custom_fit._fit_loop`):
+``fit`` loop through its epoch iterator (:mod:`custom_fit._loop`):
 steering it (tuned step fusion, exact resume) and turning tf.data
 autotuning off for its array pipeline, which on Keras 2 happens in
 :mod:`custom_fit._compat.keras2`. Importing this module loads Keras 3, so
@@ -127,7 +127,7 @@ def steer_epoch_iterator(epoch_iterator: Any, plan: Callable[[int | None], int],
       asked before each execution (``steps_per_execution="auto"``), and the
       number travels with the data iterator to the train function as an
       :class:`Execution`;
-    * ``position`` (a :class:`custom_fit._fit_loop.EpochPosition`)
+    * ``position`` (a :class:`custom_fit._loop.EpochPosition`)
       learns which data iterator each batch comes from, and may start the
       first epoch where an interrupted run stopped: it makes and drops the
       iterators the run had made before (a seeded ``tf.data`` shuffle draws a
