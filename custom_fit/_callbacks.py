@@ -16,7 +16,7 @@ nobody implements and handed tensors to callbacks that accept them.
   values and converts them only when it redraws (at most every 0.05 s).
 
 Epoch-level hooks and ``History`` see exactly what they see in Keras.
-:class:`custom_fit._loop.FitLoopHooks` makes ``fit``/``evaluate`` use the list.
+:class:`custom_fit._loop.Loop` makes ``fit``/``evaluate`` use the list.
 """
 
 from __future__ import annotations

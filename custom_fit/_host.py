@@ -2,7 +2,7 @@
 # mypy: disable-error-code="empty-body"
 """The model custom_fit's mixins are mixed into, as type checkers see it.
 
-``CustomModel`` is ``keras.Model`` with mixins in front of it (``FitLoopHooks``,
+``CustomModel`` is ``keras.Model`` with mixins in front of it (``Loop``,
 ``StepFunctions``, ``LoggedValuesMixin``, ...). Each mixin derives from
 :data:`Host`: :class:`ModelHost` while type checking, ``object`` at run time
 (so the method resolution order is the mixins', then Keras'). mypy thereby
@@ -80,8 +80,27 @@ class ModelHost:
     # Private trainer state and methods custom_fit reads or overrides (Keras 3, then tf_keras).
 
     compiled: bool
+    history: Any
+    stop_training: bool
+    stop_evaluating: bool
+    stop_predicting: bool
     _distribute_strategy: Any
     _is_compiled: bool
+    _initial_epoch: int | None
+
+    def reset_metrics(self) -> None: ...
+
+    def make_train_function(self, force: bool = False) -> Callable[..., Any]: ...
+
+    def make_test_function(self, force: bool = False) -> Callable[..., Any]: ...
+
+    def _assert_compile_called(self, method_name: str | None = None) -> None: ...
+
+    def _maybe_symbolic_build(self, iterator: Any = None, data_batch: Any = None) -> None: ...
+
+    def _should_eval(self, epoch: int, validation_freq: Any) -> bool: ...
+
+    def _flatten_metrics_in_order(self, logs: Any) -> Any: ...
 
     def call(self, *args: Any, **kwargs: Any) -> Any: ...
 
@@ -111,8 +130,6 @@ class ModelHost:
     def _add_to_loss_tracker(self, loss: Any, batch_size: Any) -> None: ...
 
     def _after_compile(self) -> None: ...
-
-    def _epoch_iterator_made(self, epoch_iterator: Any) -> None: ...
 
 
 if TYPE_CHECKING:

@@ -1,34 +1,44 @@
-"""How ``CustomModel`` joins Keras 3's ``fit``/``evaluate``/``predict`` loop, and the state each call keeps.
+"""The ``fit``/``evaluate``/``predict`` loop ``CustomModel`` runs on Keras 3, and the state each call keeps.
 
-Keras 3 builds the loop's pieces inside ``fit``: the ``CallbackList`` (unless
-it is given one) and an epoch iterator that decides how many steps each call
-of the train function runs. :class:`FitLoopHooks` hands ``fit`` and
-``evaluate`` a :class:`~custom_fit._callbacks.LazyCallbackList` (no host wait
-per step) and steers ``fit``'s epoch iterator
-(:func:`custom_fit._compat.keras3_only.steer_epoch_iterator`): each execution
-runs the number of steps a plan chooses (``compile(steps_per_execution="auto")``:
-the model's :class:`~custom_fit._step_fusion.StepsPerExecutionTuner`), and the
-iterator reports to the call's :class:`EpochPosition`, from which
-:class:`~custom_fit.BackupAndRestore` resumes at the exact step.
+:class:`Loop` is custom_fit's own copy of Keras 3's loop
+(``TensorFlowTrainer.fit``, ``evaluate``, ``predict``): the same calls, in
+the same order, on the same data, so histories and callbacks see what
+``keras.Model`` gives them. What it adds, it adds as collaborators it hands
+the pieces, instead of patching Keras' objects from outside:
+
+* the epoch iterator (:class:`custom_fit._compat.keras3_only.EpochIterator`,
+  a subclass of Keras') asks a *plan* how many steps each execution fuses
+  (``compile(steps_per_execution="auto")``: the model's
+  :class:`~custom_fit._step_fusion.StepsPerExecutionTuner`) and reports to
+  the call's :class:`EpochPosition`, from which
+  :class:`~custom_fit.BackupAndRestore` resumes at the exact step;
+* the callbacks are a :class:`~custom_fit._callbacks.LazyCallbackList` (no
+  host wait per step) unless the user passes a ``CallbackList``.
+
+Data path (Keras 3), one execution: ``Loop.fit`` → ``EpochIterator``
+(Keras' data adapter, distributed dataset) → ``Execution(iterator, steps)``
+→ ``model.train_function`` (:func:`custom_fit._compat.make_step_function`)
+→ ``train_step`` per replica → logs → ``LazyCallbackList``.
 
 State: each ``fit``, ``evaluate`` and ``predict`` call on a model is a
 :class:`LoopCall`, on a stack the model keeps while they run (``fit``'s
 validation is an ``evaluate`` inside a ``fit``). Nothing else about a call is
 kept on the model.
 
-Keras 2 needs none of the hooks: tf_keras skips unused batch hooks itself,
-and its data handler reads the number of steps per execution from a variable
-before every execution. :class:`EpochPosition` is Keras-independent.
+Keras 2 runs tf_keras' own loop (steered from ``_compat/keras2.py``): tf_keras
+skips unused batch hooks itself, and its data handler reads the number of
+steps per execution from a variable before every execution.
+:class:`EpochPosition` is Keras-independent.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
-import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, Literal, Protocol
+
+import tensorflow as tf
 
 from custom_fit import _compat
 from custom_fit._callbacks import LazyCallbackList
@@ -37,7 +47,7 @@ from custom_fit._host import Host
 from custom_fit._random_state import RandomState
 from custom_fit._state import state_of
 
-__all__ = ["EpochPosition", "FitLoopHooks", "LoopCall", "ResumePoint", "fit_position"]
+__all__ = ["EpochPosition", "Loop", "LoopCall", "ResumePoint", "fit_position"]
 
 
 class ResumePoint(Protocol):
@@ -55,27 +65,24 @@ class LoopCall:
 
     Attributes:
         kind: The method.
-        callbacks: The lazy ``CallbackList`` made for the call, until Keras'
-            epoch iterator tells its number of steps (``None`` for a list the
-            user passed, or once it knows).
         position: ``fit`` only: where it reads its data.
-        steered: ``fit`` only: whether its training epoch iterator is steered.
+        validation: ``fit`` only: the epoch iterator of its validation data,
+            made at the first validation and kept until ``fit`` returns.
     """
 
     kind: Literal["fit", "evaluate", "predict"]
-    callbacks: LazyCallbackList | None = None
     position: EpochPosition | None = None
-    steered: bool = False
+    validation: Any = None
 
 
-class FitLoopHooks(Host):
-    """Gives ``CustomModel`` Keras 3 ``fit``/``evaluate`` with lazy callbacks and steered epochs.
+class Loop(Host):
+    """Gives ``CustomModel`` the ``fit``, ``evaluate`` and ``predict`` of Keras 3, run by custom_fit.
 
-    Keras uses a ``CallbackList`` it is given as it is (one passed by the user
-    too). The number of steps the progress bar shows, and the training epoch
-    iterator, become known when Keras calls ``_maybe_symbolic_build`` with
-    its epoch iterator, before any callback runs; then
-    :meth:`_epoch_iterator_made` completes what the call started.
+    Each method takes Keras' arguments and does what ``keras.Model``'s does
+    (its docstring is Keras'), with the differences the module docstring
+    lists. They are ordinary methods: a subclass may override them and call
+    ``super()``; ``fit`` runs its validation through ``self.evaluate``, as
+    Keras does.
     """
 
     @property
@@ -98,26 +105,200 @@ class FitLoopHooks(Host):
     def steps_per_execution(self, value: int) -> None:
         state_of(self).fixed_steps_per_execution = value  # Keras sets it in __init__ and compile
 
-    @functools.wraps(keras.Model.fit)  # keeps Keras' signature and docstring for help() and inspect
-    def fit(self, *args: Any, **kwargs: Any) -> Any:
-        arguments = _by_name(super().fit, args, kwargs)
+    def fit(
+        self,
+        x: Any = None,
+        y: Any = None,
+        batch_size: int | None = None,
+        epochs: int = 1,
+        verbose: Any = "auto",
+        callbacks: Any = None,
+        validation_split: float = 0.0,
+        validation_data: Any = None,
+        shuffle: bool = True,
+        class_weight: Any = None,
+        sample_weight: Any = None,
+        initial_epoch: int = 0,
+        steps_per_epoch: int | None = None,
+        validation_steps: int | None = None,
+        validation_batch_size: int | None = None,
+        validation_freq: Any = 1,
+    ) -> Any:
+        self._assert_compile_called("fit")
+        epochs = _compat.keras3_only.capped_epochs(epochs)
+        if validation_split and validation_data is None:
+            # The last fraction of the arrays, as in Keras (arrays only).
+            (x, y, sample_weight), validation_data = _compat.keras3_only.train_validation_split(
+                (x, y, sample_weight), validation_split
+            )
         call = LoopCall("fit", position=EpochPosition())
-        arguments["callbacks"], call.callbacks = self._callback_list(arguments, add_history=True)
         with self._running(call):
-            return super().fit(**arguments)
+            state = state_of(self)
+            tuner, fixed = state.steps_tuner, state.fixed_steps_per_execution
+            epoch_iterator = _compat.keras3_only.EpochIterator(
+                plan=tuner.plan if tuner is not None else lambda remaining: fixed,
+                position=call.position,
+                x=x,
+                y=y,
+                sample_weight=sample_weight,
+                batch_size=batch_size,
+                steps_per_epoch=steps_per_epoch,
+                shuffle=shuffle,
+                class_weight=class_weight,
+                distribute_strategy=self.distribute_strategy,
+                steps_per_execution=fixed,
+            )
+            self._maybe_symbolic_build(iterator=epoch_iterator)
+            epoch_iterator.reset()
+            callbacks = self._callback_list(
+                callbacks, add_history=True, verbose=verbose, epochs=epochs, steps=epoch_iterator.num_batches
+            )
+            self.stop_training = False
+            self.make_train_function()
+            callbacks.on_train_begin()
+            training_logs = None
+            logs: Any = {}
+            for epoch in range(self._initial_epoch or initial_epoch, epochs):  # BackupAndRestore sets the former
+                self.reset_metrics()
+                callbacks.on_epoch_begin(epoch)
+                with epoch_iterator.catch_stop_iteration():
+                    for first, steps, execution in epoch_iterator:
+                        callbacks.on_train_batch_begin(first)
+                        logs = self.train_function(execution)
+                        callbacks.on_train_batch_end(first + steps - 1, logs)
+                        if self.stop_training:
+                            break
+                # The metrics' results replace the last step's logs where they name the same values.
+                epoch_logs = dict(self._get_metrics_result_or_logs(logs))
+                if validation_data is not None and self._should_eval(epoch, validation_freq):
+                    val_x, val_y, val_sample_weight = keras.utils.unpack_x_y_sample_weight(validation_data)
+                    if call.validation is None:
+                        call.validation = self._epoch_iterator(
+                            x=val_x,
+                            y=val_y,
+                            sample_weight=val_sample_weight,
+                            batch_size=validation_batch_size or batch_size,
+                            steps_per_epoch=validation_steps,
+                        )
+                    val_logs = self.evaluate(
+                        x=val_x,
+                        y=val_y,
+                        sample_weight=val_sample_weight,
+                        batch_size=validation_batch_size or batch_size,
+                        steps=validation_steps,
+                        callbacks=callbacks,
+                        return_dict=True,
+                        _use_cached_eval_dataset=True,
+                    )
+                    epoch_logs.update({f"val_{name}": value for name, value in val_logs.items()})
+                callbacks.on_epoch_end(epoch, epoch_logs)
+                training_logs = epoch_logs
+                if self.stop_training:
+                    break
+            if isinstance(self.optimizer, keras.optimizers.Optimizer) and epochs > 0:
+                self.optimizer.finalize_variable_values(self.trainable_weights)
+            call.validation = None  # it holds the validation data: not kept past fit, as in Keras
+            callbacks.on_train_end(logs=training_logs)
+            return self.history
 
-    @functools.wraps(keras.Model.evaluate)
-    def evaluate(self, *args: Any, **kwargs: Any) -> Any:
-        arguments = _by_name(super().evaluate, args, kwargs)
-        call = LoopCall("evaluate")
-        arguments["callbacks"], call.callbacks = self._callback_list(arguments, add_history=False)
-        with self._running(call):
-            return super().evaluate(**arguments)
+    def evaluate(
+        self,
+        x: Any = None,
+        y: Any = None,
+        batch_size: int | None = None,
+        verbose: Any = "auto",
+        sample_weight: Any = None,
+        steps: int | None = None,
+        callbacks: Any = None,
+        return_dict: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        self._assert_compile_called("evaluate")
+        use_fit_validation = kwargs.pop("_use_cached_eval_dataset", False)  # fit's validation (Keras' name)
+        if kwargs:
+            raise ValueError(f"Arguments not recognized: {kwargs}")
+        fit_calls = [call for call in state_of(self).loop_calls if call.kind == "fit"]
+        if use_fit_validation and fit_calls and fit_calls[-1].validation is not None:
+            epoch_iterator = fit_calls[-1].validation
+        else:
+            epoch_iterator = self._epoch_iterator(
+                x=x, y=y, sample_weight=sample_weight, batch_size=batch_size, steps_per_epoch=steps
+            )
+        with self._running(LoopCall("evaluate")):
+            self._maybe_symbolic_build(iterator=epoch_iterator)
+            epoch_iterator.reset()
+            callbacks = self._callback_list(
+                callbacks, add_history=False, verbose=verbose, epochs=1, steps=epoch_iterator.num_batches
+            )
+            self.make_test_function()
+            self.stop_evaluating = False
+            callbacks.on_test_begin()
+            logs: Any = {}
+            self.reset_metrics()
+            with epoch_iterator.catch_stop_iteration():
+                for first, steps_run, execution in epoch_iterator:
+                    callbacks.on_test_batch_begin(first)
+                    logs = self.test_function(execution)
+                    callbacks.on_test_batch_end(first + steps_run - 1, logs)
+                    if self.stop_evaluating:
+                        break
+            logs = _compat.keras3_only.evaluation_logs(self._get_metrics_result_or_logs(logs))
+            callbacks.on_test_end(logs)
+        if return_dict:
+            return logs
+        return self._flatten_metrics_in_order(logs)
 
-    @functools.wraps(keras.Model.predict)
-    def predict(self, *args: Any, **kwargs: Any) -> Any:
+    def predict(
+        self,
+        x: Any,
+        batch_size: int | None = None,
+        verbose: Any = "auto",
+        steps: int | None = None,
+        callbacks: Any = None,
+    ) -> Any:
         with self._running(LoopCall("predict")):
-            return super().predict(*args, **kwargs)
+            epoch_iterator = self._epoch_iterator(x=x, batch_size=batch_size, steps_per_epoch=steps)
+            if not isinstance(callbacks, keras.callbacks.CallbackList):
+                # Keras' own list: predict's logs are the outputs, which no callback waits for anyway.
+                callbacks = keras.callbacks.CallbackList(
+                    callbacks,
+                    add_progbar=verbose != 0,
+                    verbose=verbose,
+                    epochs=1,
+                    steps=epoch_iterator.num_batches,
+                    model=self,
+                )
+            self.make_predict_function()
+            self.stop_predicting = False
+            callbacks.on_predict_begin()
+            outputs: list[Any] = []
+            with epoch_iterator.catch_stop_iteration():
+                for first, steps_run, execution in epoch_iterator:
+                    callbacks.on_predict_batch_begin(first)
+                    batch_outputs = self.predict_function(_batches(execution))
+                    outputs.append(batch_outputs)
+                    callbacks.on_predict_batch_end(first + steps_run - 1, {"outputs": batch_outputs})
+                    if self.stop_predicting:
+                        break
+            callbacks.on_predict_end()
+        if not outputs:
+            raise ValueError(
+                "predict() received no data: the input yielded no batch. Expected at least one batch; "
+                f"received x={type(x).__name__} with steps={steps}. Pass data with at least one sample."
+            )
+        joined = keras.tree.map_structure(lambda *batches: list(batches), *outputs)
+        return _compat.keras3_only.concat_predictions(joined, outputs[0])
+
+    def _epoch_iterator(self, **data: Any) -> Any:
+        """An epoch iterator for ``evaluate`` or ``predict``: not shuffled, ``compile``'s steps per execution."""
+        fixed = state_of(self).fixed_steps_per_execution
+        return _compat.keras3_only.EpochIterator(
+            plan=lambda remaining: fixed,
+            shuffle=False,
+            distribute_strategy=self.distribute_strategy,
+            steps_per_execution=fixed,
+            **data,
+        )
 
     @contextlib.contextmanager
     def _running(self, call: LoopCall) -> Iterator[LoopCall]:
@@ -130,66 +311,53 @@ class FitLoopHooks(Host):
             if call.position is not None:
                 call.position.adapter = None  # it holds the data: not kept past fit, as in Keras
 
-    def _callback_list(self, arguments: dict[str, Any], *, add_history: bool) -> tuple[Any, LazyCallbackList | None]:
-        """The callbacks to hand Keras: a user's ``CallbackList`` as it is, else a lazy one (also returned)."""
-        callbacks = arguments.get("callbacks")
+    def _callback_list(self, callbacks: Any, *, add_history: bool, verbose: Any, epochs: int, steps: Any) -> Any:
+        """``callbacks`` if it is a ``CallbackList`` (the user's, or fit's for its validation), else a lazy one."""
         if isinstance(callbacks, keras.callbacks.CallbackList):
-            return callbacks, None
-        verbose = arguments.get("verbose", "auto")
-        lazy = LazyCallbackList(
+            return callbacks
+        return LazyCallbackList(
             callbacks,
             add_history=add_history,
             add_progbar=verbose != 0,
             model=self,
             verbose=verbose,
-            epochs=arguments.get("epochs", 1),
-            steps=None,  # known once Keras has made its epoch iterator
+            epochs=epochs,
+            steps=steps,
         )
-        return lazy, lazy
 
-    def _epoch_iterator_made(self, epoch_iterator: Any) -> None:
-        """Called by ``_maybe_symbolic_build`` with each epoch iterator ``fit``/``evaluate`` make, before callbacks."""
-        _compat.keras3_only.without_autotuning(epoch_iterator)
-        state = state_of(self)
-        if not state.loop_calls:
-            return
-        call = state.loop_calls[-1]
-        if call.callbacks is not None:
-            call.callbacks.set_params({**call.callbacks.params, "steps": epoch_iterator.num_batches})
-            call.callbacks = None
-        if call.kind == "fit" and not call.steered:
-            assert call.position is not None
-            call.steered = True
-            tuner, fixed = state.steps_tuner, state.fixed_steps_per_execution
-            plan = tuner.plan if tuner is not None else lambda remaining: fixed
-            _compat.keras3_only.steer_epoch_iterator(epoch_iterator, plan, call.position)
-        elif call.kind == "evaluate":
-            # fit made its validation's epoch iterator when "auto" may have fused another number.
-            _compat.keras3_only.set_steps_per_execution(epoch_iterator, self.steps_per_execution)
+
+for _method in (Loop.fit, Loop.evaluate, Loop.predict):
+    _method.__doc__ = getattr(keras.Model, _method.__name__).__doc__  # Keras' documentation of the arguments
+
+
+def _batches(execution: Any) -> list[Any]:
+    """The batches of one ``predict`` execution: up to ``execution.steps``, fewer where the data ends.
+
+    Raises ``StopIteration`` (which the epoch iterator catches) when no batch is left.
+    """
+    batches: list[Any] = []
+    for _ in range(execution.steps):
+        try:
+            batches.append(next(execution.iterator))
+        except (StopIteration, tf.errors.OutOfRangeError):
+            if batches:
+                return batches
+            raise
+    return batches
 
 
 def fit_position(model: Any) -> EpochPosition | None:
     """Where the ``fit`` running on ``model`` reads its data; ``None`` when no custom_fit ``fit`` runs (Keras 3)."""
-    calls = state_of(model).loop_calls if isinstance(model, FitLoopHooks) else []
+    calls = state_of(model).loop_calls if isinstance(model, Loop) else []
     positions = [call.position for call in calls if call.position is not None]
     return positions[-1] if positions else None
-
-
-def _by_name(method: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``method``'s arguments as keywords (``fit(x, y, 32, 3, 0, callbacks)`` works too)."""
-    signature = inspect.signature(method)
-    arguments = dict(signature.bind(*args, **kwargs).arguments)
-    for parameter in signature.parameters.values():
-        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
-            arguments.update(arguments.pop(parameter.name, {}))
-    return arguments
 
 
 class EpochPosition:
     """Where ``fit`` reads its data: which iterator, and how many of its batches came before step 0.
 
     ``CustomModel.fit`` (Keras 3) makes one per call (:class:`LoopCall`); its epoch iterator
-    (:func:`custom_fit._compat.keras3_only.steer_epoch_iterator`) reports to
+    (:class:`custom_fit._compat.keras3_only.EpochIterator`) reports to
     it and, in a resumed run, asks it where to start (:attr:`resume`).
     Iterators are counted because each new iterator of a ``tf.data`` pipeline
     with a seeded ``shuffle`` draws a new order: the n-th iterator of a

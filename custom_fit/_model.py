@@ -41,22 +41,25 @@ from custom_fit._compiled import CompiledAttributes
 from custom_fit._configs import ConfigsFromArguments
 from custom_fit._diagnostics import GradsAndVars
 from custom_fit._extra_state import SavesExtraState
-from custom_fit._loop import FitLoopHooks
 from custom_fit._functional import functional_twin
 from custom_fit._logged_values import LoggedValuesMixin
+from custom_fit._loop import Loop
 from custom_fit._state import state_of
 from custom_fit._step_functions import StepFunctions
 
 __all__ = ["CustomModel", "CustomSequential"]
 
-# Keras 2 has its own compiled_loss / compiled_metrics, no seed generators to save, and a fit
-# loop custom_fit steers from _compat/keras2.py (the one choice of Keras outside _compat).
-_KERAS_3_ONLY: tuple[type, ...] = () if _compat.KERAS_2 else (FitLoopHooks, CompiledAttributes)
+# Two mixins depend on what the Keras in use provides (capabilities `_compat` states): custom_fit's
+# own fit loop where it runs one (Keras 3; tf_keras' runs on Keras 2), and Keras 2's meaning of
+# compiled_loss / compiled_metrics where Keras gives models none (Keras 3).
+_LOOP: tuple[type, ...] = (Loop,) if _compat.RUNS_OWN_LOOP else ()
+_COMPILED_ATTRIBUTES: tuple[type, ...] = () if _compat.HAS_COMPILED_LOSS_ATTRIBUTES else (CompiledAttributes,)
 
 
 @keras.saving.register_keras_serializable(package="custom_fit")
 class CustomModel(
-    *_KERAS_3_ONLY,  # type: ignore[misc]  # Keras 3 adds two mixins (see above)
+    *_LOOP,  # type: ignore[misc]  # mixins that depend on the Keras in use (see above)
+    *_COMPILED_ATTRIBUTES,  # type: ignore[misc]
     SavesExtraState,
     ConfigsFromArguments,
     StepFunctions,

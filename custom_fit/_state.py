@@ -22,8 +22,8 @@ from custom_fit import _compat
 from custom_fit._diagnostics import StepDiagnostics
 
 if TYPE_CHECKING:
-    from custom_fit._loop import LoopCall
     from custom_fit._logged_values import LoggedValues
+    from custom_fit._loop import LoopCall
     from custom_fit._step_fusion import StepsPerExecutionTuner
 
 __all__ = ["ModelState", "state_of"]

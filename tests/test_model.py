@@ -549,3 +549,18 @@ def test_minimize_with_a_loss_of_none_says_so():
     model.compile("sgd")
     with pytest.raises(ValueError, match=r"No loss found\. NoLoss\.minimize\(\) received loss=None"):
         model.fit(X, Y, epochs=1, verbose=0)
+
+
+@pytest.mark.keras3
+def test_predict_on_data_without_a_batch_names_the_problem():
+    """keras.Model.predict raises UnboundLocalError ('batch_outputs') here (Keras 3.15)."""
+    inputs = keras.Input((3,))
+    model = custom_fit.CustomModel(inputs, keras.layers.Dense(1)(inputs))
+    empty = tf.data.Dataset.from_tensor_slices(np.zeros((0, 3), "float32")).batch(4)
+    with (
+        pytest.warns(UserWarning, match="ran out of data"),
+        pytest.raises(
+            ValueError, match=r"predict\(\) received no data: the input yielded no batch\. Expected at least one batch"
+        ),
+    ):
+        model.predict(empty, verbose=0)

@@ -58,6 +58,9 @@ class KerasVersion(Protocol):
     RESUMES_ONLY_CUSTOM_FIT_MODELS: bool
     #: Whether Keras gives models its own ``compiled_loss`` / ``compiled_metrics`` (Keras 2).
     HAS_COMPILED_LOSS_ATTRIBUTES: bool
+    #: Whether ``CustomModel`` runs custom_fit's ``fit``/``evaluate``/``predict`` loop (Keras 3)
+    #: rather than Keras' own (Keras 2: tf_keras' loop, steered through its data handler).
+    RUNS_OWN_LOOP: bool
 
     # -- classes and the module (read-only: a module's classes are not assignable) --
 

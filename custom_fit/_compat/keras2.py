@@ -65,6 +65,7 @@ __all__ = [
     "OPTIMIZER_GROUP_KWARGS",
     "RESUMES_MID_EPOCH",
     "RESUMES_ONLY_CUSTOM_FIT_MODELS",
+    "RUNS_OWN_LOOP",
     "SAVES_UNCONFIGURABLE_MODELS",
     "STEP_UPDATES_LOSS_TRACKER",
     "Functional",
@@ -121,6 +122,9 @@ RESUMES_ONLY_CUSTOM_FIT_MODELS = True
 
 #: tf_keras models have Keras' own ``compiled_loss`` / ``compiled_metrics``.
 HAS_COMPILED_LOSS_ATTRIBUTES = True
+
+#: tf_keras' own loop runs (``TrainerHooks.fit`` & co. steer its data handler).
+RUNS_OWN_LOOP = False
 
 #: tf_keras saves a subclassed model it cannot configure, with an empty config (``load_model`` then fails).
 SAVES_UNCONFIGURABLE_MODELS = True

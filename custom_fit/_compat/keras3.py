@@ -54,6 +54,7 @@ __all__ = [
     "OPTIMIZER_GROUP_KWARGS",
     "RESUMES_MID_EPOCH",
     "RESUMES_ONLY_CUSTOM_FIT_MODELS",
+    "RUNS_OWN_LOOP",
     "SAVES_UNCONFIGURABLE_MODELS",
     "STEP_UPDATES_LOSS_TRACKER",
     "Functional",
@@ -114,6 +115,9 @@ RESUMES_ONLY_CUSTOM_FIT_MODELS = False
 
 #: Keras 3 has no ``compiled_loss`` / ``compiled_metrics``; ``custom_fit.CompiledLoss`` adds them.
 HAS_COMPILED_LOSS_ATTRIBUTES = False
+
+#: ``CustomModel`` runs custom_fit's loop (``custom_fit._loop.Loop``), built on Keras 3's epoch iterator.
+RUNS_OWN_LOOP = True
 
 #: What ``compile`` and ``minimize`` take as an optimizer.
 OPTIMIZER_CLASSES: tuple[type, ...] = (keras.optimizers.Optimizer,)
@@ -259,12 +263,12 @@ def make_step_function(
     so results equal Keras' loop bit for bit where Keras' loop works.
     (``model.unrolled_steps_per_execution`` is not used: one step per
     iteration.) The number of steps is an argument of the traced loop, read
-    at each call: ``fit``'s epoch iterator
-    (:func:`custom_fit._compat.keras3_only.steer_epoch_iterator`) hands each
+    at each call: the loop's epoch iterator
+    (:class:`custom_fit._compat.keras3_only.EpochIterator`) hands each
     execution with the number it planned (a
     :class:`~custom_fit._compat.keras3_only.Execution`), which a training
     function reports to the model's ``tuner`` (``steps_per_execution="auto"``)
-    after running it; an evaluation runs ``model.steps_per_execution``.
+    after running it. ``train_on_batch`` & co. pass a generator of batches.
     """
     strategy = model.distribute_strategy
 
@@ -577,18 +581,10 @@ class TrainerHooks(Host):
             {name: logs[name] if name in untouched else value for name, value in results.items()}
         )
 
-    def _epoch_iterator_made(self, epoch_iterator: Any) -> None:
-        """Called with each epoch iterator ``fit`` and ``evaluate`` make, before any callback runs.
-
-        Does nothing here; :class:`custom_fit._loop.FitLoopHooks` overrides it.
-        """
-
     def _maybe_symbolic_build(self, iterator: Any = None, data_batch: Any = None) -> None:
         # Called by fit/evaluate/*_on_batch before anything is built; a model
         # that is never called itself must not be built symbolically below.
         mark_built_if_complete(self)
-        if iterator is not None:
-            self._epoch_iterator_made(iterator)
         # Keras builds the model, metrics and optimizer from a first batch when
         # a strategy is set, reducing that batch with `strategy.reduce("MEAN",
         # batch)`. Under MultiWorkerMirroredStrategy that call fails on a
@@ -600,14 +596,14 @@ class TrainerHooks(Host):
         if strategy is None:
             return
         if iterator is not None:
-            for *_, batches in iterator:  # (step, it) before Keras 3.11, then (begin, end, it)
+            for *_, execution in iterator:  # custom_fit._loop's epoch iterator: (first, steps, execution)
                 data_batch = keras.tree.map_structure(
                     lambda v: (
                         strategy.experimental_local_results(v)[0]
                         if isinstance(v, tf.distribute.DistributedValues)
                         else v
                     ),
-                    next(batches),
+                    next(execution.iterator),
                 )
                 break
         if type(self).call in (keras.Model.call, keras.layers.Layer.call):

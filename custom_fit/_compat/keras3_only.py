@@ -3,42 +3,51 @@
 Some features of custom_fit have no Keras 2 counterpart, because Keras 2 does
 them itself or has nothing to do: the Keras-2 meaning of ``compiled_loss`` /
 ``compiled_metrics`` (:mod:`custom_fit._compiled`) and saving random seed
-generator states (:mod:`custom_fit._extra_state`). Others reach Keras 3's
-``fit`` loop through its epoch iterator (:mod:`custom_fit._loop`):
-steering it (tuned step fusion, exact resume) and turning tf.data
-autotuning off for its array pipeline, which on Keras 2 happens in
-:mod:`custom_fit._compat.keras2`. Importing this module loads Keras 3, so
-only Keras-3-only code paths import it.
+generator states (:mod:`custom_fit._extra_state`). Others are the parts of
+Keras 3's ``fit`` loop that the loop custom_fit owns (:mod:`custom_fit._loop`)
+builds on: the epoch iterator (tuned step fusion, exact resume, array
+pipelines without tf.data autotuning), the validation split, joining
+``predict``'s batches. On Keras 2, tf_keras' own loop runs (steered from
+``_compat/keras2.py``). Importing this module loads Keras 3, so only
+Keras-3-only code paths import it.
 
 Nothing in this module is public API.
 """
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Callable
-from typing import Any
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 import keras
+from keras.src.backend import config as _config
+from keras.src.backend.tensorflow.trainer import TFEpochIterator as _TFEpochIterator
+from keras.src.backend.tensorflow.trainer import convert_to_np_if_not_ragged as _convert_to_np_if_not_ragged
+from keras.src.backend.tensorflow.trainer import potentially_ragged_concat as _potentially_ragged_concat
+from keras.src.trainers.data_adapters import array_slicing as _array_slicing
 from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter as _ArrayDataAdapter
 from keras.src.trainers.data_adapters.generator_data_adapter import GeneratorDataAdapter as _GeneratorDataAdapter
 from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter as _PyDatasetAdapter
+from keras.src.utils import python_utils as _python_utils
 
 from custom_fit._compat import common
 
 __all__ = [
     "VERSION",
+    "EpochIterator",
     "Execution",
     "aggregate_additional_loss",
     "build_compiled_state",
+    "capped_epochs",
     "compiled_loss_trackers",
     "compiled_loss_value",
+    "concat_predictions",
     "data_epoch",
+    "evaluation_logs",
     "seed_generator_states",
-    "set_steps_per_execution",
-    "steer_epoch_iterator",
     "sum_losses",
-    "without_autotuning",
+    "train_validation_split",
 ]
 
 
@@ -91,151 +100,145 @@ def seed_generator_states(model: keras.Model) -> list[Any]:
 VERSION: tuple[int, ...] = tuple(int(part) for part in keras.version().split(".")[:2])
 
 
-class Execution:
-    """A data iterator and the number of steps the next execution runs on it.
+class Execution(NamedTuple):
+    """What the train or test function runs next: ``steps`` steps on ``iterator``.
 
-    :func:`steer_epoch_iterator` hands ``fit`` one per execution, where Keras'
-    epoch iterator hands the data iterator itself; Keras passes it to the
-    train function, which runs ``steps`` steps on ``iterator`` (and reports
-    them to the tuner that planned them). Anything else that reads it (Keras'
-    symbolic build takes one batch with ``next``) reads ``iterator``.
+    :class:`EpochIterator` yields one per execution; the step function
+    (:func:`custom_fit._compat.keras3.make_step_function`) runs ``steps``
+    steps on ``iterator`` (and reports them to the tuner that planned them).
     """
 
-    def __init__(self, iterator: Any, steps: int):
-        self.iterator = iterator
-        self.steps = steps
-
-    def __iter__(self) -> Execution:
-        return self
-
-    def __next__(self) -> Any:
-        return next(self.iterator)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.iterator, name)  # get_next, get_next_as_optional, element_spec, ...
+    iterator: Any
+    steps: int
 
 
-def steer_epoch_iterator(epoch_iterator: Any, plan: Callable[[int | None], int], position: Any) -> None:
-    """Makes ``fit``'s epoch iterator fuse ``plan(remaining)`` steps per execution and start where asked.
+class EpochIterator(_TFEpochIterator):
+    """Keras' epoch iterator, with the number of steps per execution and the start chosen per call.
 
-    Keras' epoch iterator (``EpochIterator._enumerate_iterator``) steps
-    through each epoch in strides of ``steps_per_execution`` fixed when
-    ``fit`` starts, and passes the first and last step of each execution to
-    the callbacks. This generator is the same loop with two additions:
+    Keras' ``EpochIterator._enumerate_iterator`` steps through each epoch in
+    strides of ``steps_per_execution`` fixed when ``fit`` starts, and always
+    starts an epoch at its first batch. :meth:`_enumerate_iterator` here is
+    the same loop with two collaborators:
 
-    * the stride is ``plan(remaining steps)`` (``None``: unknown length),
-      asked before each execution (``steps_per_execution="auto"``), and the
-      number travels with the data iterator to the train function as an
-      :class:`Execution`;
-    * ``position`` (a :class:`custom_fit._loop.EpochPosition`)
-      learns which data iterator each batch comes from, and may start the
-      first epoch where an interrupted run stopped: it makes and drops the
-      iterators the run had made before (a seeded ``tf.data`` shuffle draws a
-      new order for each) and skips the batches already trained.
+    * ``plan(remaining steps)`` (``None``: unknown length) is asked before each
+      execution for its number of steps (``steps_per_execution="auto"``: the
+      tuner's plan; otherwise a constant); each item is
+      ``(first step, steps, Execution(iterator, steps))``;
+    * ``position`` (a :class:`custom_fit._loop.EpochPosition`) learns which
+      data iterator each batch comes from, and may start the first epoch
+      where an interrupted run stopped: it makes and drops the iterators the
+      run had made before (a seeded ``tf.data`` shuffle draws a new order for
+      each) and skips the batches already trained.
 
     From Keras 3.16 the data adapter also counts the epochs it ended and
     seeds its shuffle with the count (:func:`data_epoch`); a resumed run sets
     its new adapter's count to the interrupted run's.
 
     The rest (data adapter hooks, one iterator per epoch or one kept across
-    epochs with ``steps_per_epoch``, the warning when data runs out) is Keras'
-    own, as of 3.8-3.15 (the items grew from ``(step, iterator)`` to
-    ``(first, last, iterator)`` in 3.11), but for one iterator no epoch reads.
-    At the end of each epoch Keras makes the next epoch's iterator; without
-    ``steps_per_epoch`` the next epoch makes its own and drops that one
-    unread. For arrays (``ArrayDataAdapter``), whose pipeline ``fit`` builds
-    for itself, it is not made: making it would only cost time (see
-    docs/performance.md) and the batches it prefetches, since every
-    iterator of that pipeline draws its shuffle afresh from the same seed.
-    A ``tf.data.Dataset`` the user passed gets it as in Keras: each iterator
-    of a seeded, reshuffling dataset draws the next order, so the epochs of a
-    later ``fit`` depend on it.
+    epochs with ``steps_per_epoch``, the warning when data runs out, running
+    out of data in ``catch_stop_iteration``) is Keras' own, but for one
+    iterator no epoch reads. At the end of each epoch Keras makes the next
+    epoch's iterator; without ``steps_per_epoch`` the next epoch makes its own
+    and drops that one unread. For arrays (``ArrayDataAdapter``), whose
+    pipeline ``fit`` builds for itself, it is not made: making it would only
+    cost time (see docs/performance.md) and the batches it prefetches, since
+    every iterator of that pipeline draws its shuffle afresh from the same
+    seed. A ``tf.data.Dataset`` the user passed gets it as in Keras: each
+    iterator of a seeded, reshuffling dataset draws the next order, so the
+    epochs of a later ``fit`` depend on it.
+
+    Array pipelines run with tf.data autotuning off (same batches; why:
+    :func:`custom_fit._compat.common.dataset_without_autotuning`). A
+    ``tf.data.Dataset`` the user passed keeps its options, generators and
+    ``PyDataset`` are not tf.data pipelines of Keras' making, and one a
+    ``tf.distribute`` strategy has already split can no longer take options.
+
+    Args:
+        plan: The number of steps of the next execution, given the steps left
+            in the epoch (``None``: unknown).
+        position: Where ``fit`` reads its data; ``None`` for ``evaluate`` and
+            ``predict``.
+        **kwargs: Keras' ``TFEpochIterator`` arguments (``x``, ``y``,
+            ``batch_size``, ``steps_per_epoch``, ``distribute_strategy``, ...).
     """
-    # The generator reaches the epoch iterator through a weak reference: one
-    # it held would make a cycle (iterator -> generator -> iterator) that keeps
-    # the data, its pipeline and a prefetching tf.data iterator alive after
-    # fit until the garbage collector runs, where Keras frees them on return.
-    epoch_iterator_ref: Callable[[], Any] = weakref.ref(epoch_iterator)
-    adapter = epoch_iterator.data_adapter
-    # Iterators of a PyDataset or a generator read a Python object (its
-    # shuffle draws from Python's random module in a tf.data thread), so
-    # making and dropping them would only race with the restored state.
-    replays_iterators = not isinstance(adapter, (_PyDatasetAdapter, _GeneratorDataAdapter))
-    position.element_spec = epoch_iterator._get_iterator().element_spec
-    position.adapter = adapter
-    position.records_hooks = isinstance(adapter, _PyDatasetAdapter) and _has_own_epoch_hooks(adapter.py_dataset)
-    drops_unread_iterators = isinstance(adapter, _ArrayDataAdapter)
 
-    def item(first: int, steps: int, iterator: Any) -> tuple[Any, ...]:
-        execution = Execution(iterator, steps)
-        return (first, first + steps - 1, execution) if VERSION >= (3, 11) else (first, execution)
+    def __init__(self, *, plan: Callable[[int | None], int], position: Any = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        adapter = self.data_adapter
+        if isinstance(adapter, _ArrayDataAdapter):
+            self._distributed_dataset: Any = common.dataset_without_autotuning(self._distributed_dataset)
+        self.plan = plan
+        self.position = position
+        # Iterators of a PyDataset or a generator read a Python object (its
+        # shuffle draws from Python's random module in a tf.data thread), so
+        # making and dropping them would only race with the restored state.
+        self._replays_iterators = not isinstance(adapter, (_PyDatasetAdapter, _GeneratorDataAdapter))
+        self._drops_unread_iterators = isinstance(adapter, _ArrayDataAdapter)
+        if position is not None:
+            position.element_spec = self._get_iterator().element_spec
+            position.adapter = adapter
+            position.records_hooks = isinstance(adapter, _PyDatasetAdapter) and _has_own_epoch_hooks(adapter.py_dataset)
 
-    def new_iterator(it: Any) -> Any:
-        position.iterator_made()
-        return iter(it._get_iterator())
+    def _new_iterator(self) -> Any:
+        if self.position is not None:
+            self.position.iterator_made()
+        return iter(self._get_iterator())
 
-    def enumerate_iterator() -> Any:
-        it = epoch_iterator_ref()
-        resume = position.take_resume()
+    def _enumerate_iterator(self) -> Iterator[tuple[int, int, Execution]]:
+        position, adapter = self.position, self.data_adapter
+        resume = position.take_resume() if position is not None else None
         if resume is not None:
-            while replays_iterators and position.iterators_made < resume.iterator:
-                new_iterator(it)
+            while self._replays_iterators and position.iterators_made < resume.iterator:
+                self._new_iterator()
             if resume.data_epoch is not None and data_epoch(adapter) is not None:
                 adapter._epoch = resume.data_epoch  # the count the interrupted run's adapter had reached
-        position.epoch_begins(data_epoch(adapter))
+        if position is not None:
+            position.epoch_begins(data_epoch(adapter))
         adapter.on_epoch_begin()
-        steps_per_epoch = it.steps_per_epoch or it._num_batches or -1
+        steps_per_epoch = self.steps_per_epoch or self._num_batches or -1
         if steps_per_epoch > 0:
             step = 0
             if resume is not None:
-                it._current_iterator = new_iterator(it)
+                self._current_iterator = self._new_iterator()
                 for _ in range(resume.skip):  # batches the interrupted run had read
-                    next(it._current_iterator)
-                it._steps_seen, step = resume.skip, resume.step
-            elif it._current_iterator is None or it.steps_per_epoch is None:
-                it._current_iterator = new_iterator(it)
-                it._steps_seen = 0
-            position.reading(batches_before_step_0=it._steps_seen - step)
+                    next(self._current_iterator)
+                self._steps_seen, step = resume.skip, resume.step
+            elif self._current_iterator is None or self.steps_per_epoch is None:
+                self._current_iterator = self._new_iterator()
+                self._steps_seen = 0
+            if position is not None:
+                position.reading(batches_before_step_0=self._steps_seen - step)
             while step < steps_per_epoch:
-                if it._num_batches and it._steps_seen >= it._num_batches:
-                    if it.steps_per_epoch:
-                        it._interrupted_warning()
+                if self._num_batches and self._steps_seen >= self._num_batches:
+                    if self.steps_per_epoch:
+                        self._interrupted_warning()
                     break
-                steps = plan(steps_per_epoch - step)
-                it._steps_seen += steps
-                yield item(step, steps, it._current_iterator)
+                steps = self.plan(steps_per_epoch - step)
+                self._steps_seen += steps
+                yield step, steps, Execution(self._current_iterator, steps)
                 step += steps
-            kept = it.steps_per_epoch is not None  # the next epoch reads on from this iterator
-            if it._num_batches and it._steps_seen >= it._num_batches:
-                it._current_iterator = None if drops_unread_iterators and not kept else new_iterator(it)
-                it._steps_seen = 0
-            position.epoch_ends(next_skip=it._steps_seen if kept else None)
+            kept = self.steps_per_epoch is not None  # the next epoch reads on from this iterator
+            if self._num_batches and self._steps_seen >= self._num_batches:
+                unread = self._drops_unread_iterators and not kept
+                self._current_iterator = None if unread else self._new_iterator()
+                self._steps_seen = 0
+            if position is not None:
+                position.epoch_ends(next_skip=self._steps_seen if kept else None)
         else:  # unknown length
-            iterator = new_iterator(it)
+            iterator = self._new_iterator()
             step = 0
             if resume is not None:
                 for _ in range(resume.skip):
                     next(iterator)
                 step = resume.step
-            position.reading(batches_before_step_0=0)
+            if position is not None:
+                position.reading(batches_before_step_0=0)
             while True:
-                steps = plan(None)
-                it._steps_seen = step + steps
-                yield item(step, steps, iterator)
+                steps = self.plan(None)
+                self._steps_seen = step + steps
+                yield step, steps, Execution(iterator, steps)
                 step += steps
         adapter.on_epoch_end()
-
-    object.__setattr__(epoch_iterator, "_enumerate_iterator", enumerate_iterator)
-
-
-def set_steps_per_execution(epoch_iterator: Any, steps: int) -> None:
-    """Makes an evaluation's epoch iterator count ``steps`` steps per execution from its next epoch on.
-
-    ``EpochIterator`` reads its ``steps_per_execution`` attribute each time
-    an epoch starts, to step through it and number the batches passed to
-    the callbacks; the test function runs the same number of steps.
-    """
-    epoch_iterator.steps_per_execution = steps
 
 
 def data_epoch(adapter: Any) -> int | None:
@@ -249,19 +252,6 @@ def data_epoch(adapter: Any) -> int | None:
     """
     count = getattr(adapter, "_epoch", None)
     return count if isinstance(count, int) else None
-
-
-def without_autotuning(epoch_iterator: Any) -> None:
-    """Turns tf.data autotuning off for the pipeline ``fit``/``evaluate`` build from arrays.
-
-    Why, and why batches are unchanged: :func:`custom_fit._compat.common.dataset_without_autotuning`.
-    Only Keras' ``ArrayDataAdapter`` pipeline: a ``tf.data.Dataset`` the user
-    passed keeps its options, generators and ``PyDataset`` are not tf.data
-    pipelines of Keras' making, and one a ``tf.distribute`` strategy has
-    already split can no longer take options.
-    """
-    if isinstance(epoch_iterator.data_adapter, _ArrayDataAdapter):
-        epoch_iterator._distributed_dataset = common.dataset_without_autotuning(epoch_iterator._distributed_dataset)
 
 
 def _has_own_epoch_hooks(py_dataset: Any) -> bool:
@@ -281,3 +271,33 @@ def build_compiled_state(model: keras.Model, element_spec: Any) -> None:
     unbuilt = [part for part in (model._compile_metrics, model._compile_loss) if part is not None and not part.built]
     if unbuilt:
         model._symbolic_build(data_batch=element_spec)
+
+
+# --------------------------------------------------------------------------
+# The rest of fit, evaluate and predict (custom_fit._loop)
+# --------------------------------------------------------------------------
+
+
+def capped_epochs(epochs: int) -> int:
+    """``epochs``, or fewer where ``keras.config.set_max_epochs`` caps them (Keras >= 3.10), with Keras' warning."""
+    max_epochs = _config.max_epochs() if hasattr(_config, "max_epochs") else None
+    if max_epochs and max_epochs < epochs:
+        warnings.warn(f"Limiting epochs to {max_epochs}", stacklevel=3)
+        return int(max_epochs)
+    return epochs
+
+
+def train_validation_split(arrays: tuple[Any, ...], validation_split: float) -> tuple[tuple[Any, ...], Any]:
+    """``fit(validation_split=...)``: the last fraction of the arrays, not shuffled, becomes validation data."""
+    return _array_slicing.train_validation_split(arrays, validation_split=validation_split)
+
+
+def evaluation_logs(logs: dict[str, Any]) -> dict[str, Any]:
+    """What ``evaluate`` returns for the metrics' results: Keras >= 3.14 converts them to Python numbers."""
+    return _python_utils.pythonify_logs(logs) if VERSION >= (3, 14) else logs
+
+
+def concat_predictions(outputs: Any, structure: Any) -> Any:
+    """The batches' outputs of ``predict`` joined along the batch axis (ragged ones too), as NumPy, as in Keras."""
+    joined = keras.tree.map_structure_up_to(structure, _potentially_ragged_concat, outputs)
+    return keras.tree.map_structure(_convert_to_np_if_not_ragged, joined)
