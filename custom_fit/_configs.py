@@ -35,6 +35,8 @@ __all__ = ["ConfigsFromArguments"]
 _KERAS_OBJECT = "__custom_fit_keras_object__"
 # The build config of a model built without being called: its sub-layers' build configs.
 _SUB_LAYERS = "custom_fit_sub_layers"
+# ... and how many variables each of those sub-layers had (custom_fit >= 0.3).
+_SUB_LAYER_VARIABLES = "custom_fit_sub_layer_variables"
 # The compile config of a compile() with a signature of its own.
 _COMPILE_ARGUMENTS = "custom_fit_compile_arguments"
 
@@ -168,6 +170,38 @@ def _recording_arguments(compile_method: Callable[..., Any]) -> Callable[..., An
     return compile
 
 
+def _rebuild_lazy_sub_layers(model: Any, layer: Any, config: dict[str, Any], saved: int | None) -> None:
+    """Builds what ``layer``'s ``call`` builds when ``build_from_config`` left variables out (see the caller).
+
+    ``saved`` is the number of variables ``layer`` had when the model was saved
+    (``None`` in files written before custom_fit 0.3: then any unbuilt
+    sub-layer is built by a call, and what still fails is Keras' loader's to report).
+    """
+    unbuilt = _compat.unbuilt_sub_layers(layer)
+    missing = len(layer.variables) < saved if saved is not None else bool(unbuilt)
+    if not missing or "input_shape" not in config:
+        return
+    shape = config["input_shape"]
+    try:
+        _compat.call_symbolically(layer, shape)
+    except Exception as error:  # whatever the layer's call raises; reported with the fix below
+        problem = f"calling it on a symbolic input of that shape raised {error!r}"
+    else:
+        if saved is None or len(layer.variables) >= saved:
+            return
+        problem = f"calling it on a symbolic input of that shape left {_compat.unbuilt_sub_layers(layer)} unbuilt"
+    if saved is None:
+        return
+    raise ValueError(
+        f"Cannot load {type(model).__name__} '{model.name}': its layer '{layer.name}' "
+        f"({type(layer).__name__}) was saved with {saved} variables, but rebuilding it from its input shape "
+        f"{shape} made {len(layer.variables)}: its build() leaves the sub-layers {unbuilt} unbuilt, and "
+        f"{problem}. Expected build() to create all of the layer's state. Fix: in "
+        f"{type(layer).__name__}.build, build each sub-layer it makes (for example "
+        f"`self.projection.build(input_shape)`), or give {type(layer).__name__} a build_from_config that does."
+    )
+
+
 class ConfigsFromArguments(Host):
     """Makes ``CustomModel``'s configs from the arguments its constructor and ``compile`` received.
 
@@ -224,17 +258,38 @@ class ConfigsFromArguments(Host):
         config: dict[str, Any] | None = super().get_build_config()
         if config is not None or not self.built:
             return config
-        return {_SUB_LAYERS: {str(i): layer.get_build_config() for i, layer in enumerate(self.layers) if layer.built}}
+        built = {str(i): layer for i, layer in enumerate(self.layers) if layer.built}
+        return {
+            _SUB_LAYERS: {i: layer.get_build_config() for i, layer in built.items()},
+            _SUB_LAYER_VARIABLES: {i: len(layer.variables) for i, layer in built.items()},
+        }
 
     def build_from_config(self, config: dict[str, Any]) -> None:
-        """Rebuilds what :meth:`get_build_config` saved (Keras' own configs as Keras does)."""
+        """Rebuilds what :meth:`get_build_config` saved (Keras' own configs as Keras does).
+
+        A sub-layer is rebuilt from its input shape with its ``build_from_config``
+        (its ``build``). A layer whose ``build`` makes sub-layers that its
+        ``call`` builds (the keras.io masked autoencoder's ``PatchEncoder``
+        makes a ``Dense`` and an ``Embedding`` there) would have fewer
+        variables than were saved, and Keras would load the rest into nothing:
+        it is then called on a symbolic input of that shape, which builds them.
+        A sub-layer that still has fewer variables raises an error naming it
+        (never a model with fewer weights than its file).
+
+        Raises:
+            ValueError: A sub-layer could not be rebuilt with the variables it was saved with.
+        """
         if _SUB_LAYERS not in config:
             super().build_from_config(config)
             return
+        counts = config.get(_SUB_LAYER_VARIABLES, {})  # files saved before custom_fit 0.3 have none
         for i, layer in enumerate(self.layers):
             layer_config = config[_SUB_LAYERS].get(str(i))
-            if layer_config and not layer.built:
+            if not layer_config:
+                continue
+            if not layer.built:  # deserializing a sub-layer saved with its own build config built it already
                 layer.build_from_config(layer_config)
+            _rebuild_lazy_sub_layers(self, layer, layer_config, counts.get(str(i)))
         _compat.mark_built_if_complete(self)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

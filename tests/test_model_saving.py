@@ -354,6 +354,104 @@ def test_loading_a_tf_variable_the_model_does_not_have_names_the_fix(tmp_path):
         fresh.load_weights(tmp_path / "lazy.weights.h5")
 
 
+# --------------------------------------------------------------------------
+# Sub-layers a layer's build() makes and its call() builds (the keras.io masked autoencoder)
+# --------------------------------------------------------------------------
+
+PATCHES, PATCH_AREA, PROJECTION = 4, 2, 8
+
+
+class PatchEncoder(keras.layers.Layer):
+    """As keras.io's: ``build`` makes a ``Dense`` and an ``Embedding`` that its first ``call`` builds."""
+
+    def build(self, input_shape: Any) -> None:
+        (_, self.num_patches, self.patch_area) = input_shape
+        self.projection = keras.layers.Dense(PROJECTION)
+        self.position_embedding = keras.layers.Embedding(input_dim=self.num_patches, output_dim=PROJECTION)
+
+    def call(self, patches: Any) -> Any:
+        positions = self.position_embedding(tf.range(self.num_patches)[tf.newaxis, :])
+        return self.projection(patches) + positions
+
+
+class NoCallAutoencoder(custom_fit.CustomModel):
+    """keras.io's pattern: no ``call`` of its own; the step calls the parts (masking is fixed here)."""
+
+    def __init__(self, patch_encoder: Any, decoder: Any, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.patch_encoder = patch_encoder
+        self.decoder = decoder
+
+    def reconstruct(self, images: Any) -> Any:
+        patches = tf.reshape(images, (-1, PATCHES, PATCH_AREA))
+        return self.decoder(self.patch_encoder(patches))
+
+    def train_step(self, images: Any) -> dict[str, Any]:
+        with tf.GradientTape() as tape:
+            loss = self.compiled_loss(images, self.reconstruct(images))
+        self.minimize(loss, tape, self.trainable_variables)
+        self.compiled_metrics.update_state(images, self.reconstruct(images))
+        return {m.name: m.result() for m in self.metrics}
+
+
+NO_CALL_OBJECTS = {"NoCallAutoencoder": NoCallAutoencoder, "PatchEncoder": PatchEncoder}
+IMAGES = np.random.default_rng(0).normal(size=(64, PATCHES * PATCH_AREA)).astype("float32")
+
+
+def no_call_autoencoder(patch_encoder: Any) -> Any:
+    keras.utils.set_random_seed(SEED)
+    decoder = keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(PATCHES * PATCH_AREA)])
+    model = NoCallAutoencoder(patch_encoder, decoder)
+    model.compile(optimizer="adam", loss="mse", metrics=["mae"])
+    model.fit(IMAGES, epochs=2, batch_size=16, verbose=0)
+    return model
+
+
+def test_load_builds_sub_layers_that_build_leaves_to_call(tmp_path):
+    """All saved weights come back, the parts predict the same and training continues exactly (issue 31)."""
+    model = no_call_autoencoder(PatchEncoder())
+    model.save(tmp_path / "mae.keras")
+    loaded = keras.models.load_model(tmp_path / "mae.keras", custom_objects=NO_CALL_OBJECTS)
+
+    assert len(loaded.weights) == len(model.weights) == 5  # the Dense and Embedding of PatchEncoder.build too
+    assert parity.max_delta(model.get_weights(), loaded.get_weights()) == 0.0
+    assert parity.max_delta(model.reconstruct(IMAGES), loaded.reconstruct(IMAGES)) == 0.0
+    for resumed in (model, loaded):
+        resumed.fit(IMAGES, epochs=1, batch_size=16, verbose=0)
+    assert parity.max_delta(model.get_weights(), loaded.get_weights()) == 0.0
+    assert (
+        parity.max_delta(
+            [v.numpy() for v in model.optimizer.variables], [v.numpy() for v in loaded.optimizer.variables]
+        )
+        == 0.0
+    )
+
+
+class HostPatchEncoder(PatchEncoder):
+    """Its ``call`` needs a concrete value (``.numpy()``), so no symbolic call can build its sub-layers."""
+
+    def call(self, patches: Any) -> Any:
+        scale = float(tf.reduce_max(tf.abs(patches)).numpy()) or 1.0
+        return super().call(patches / scale)
+
+
+def test_load_that_cannot_rebuild_a_sub_layer_names_it(tmp_path):
+    keras.utils.set_random_seed(SEED)
+    decoder = keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(PATCHES * PATCH_AREA)])
+    model = NoCallAutoencoder(HostPatchEncoder(), decoder)
+    model.compile(optimizer="adam", loss="mse", run_eagerly=True)
+    model.fit(IMAGES, epochs=1, batch_size=16, verbose=0)
+    model.save(tmp_path / "host.keras")
+    objects = {**NO_CALL_OBJECTS, "HostPatchEncoder": HostPatchEncoder}
+    with pytest.raises(
+        ValueError,
+        match=r"Cannot load NoCallAutoencoder .*its layer 'host_patch_encoder' \(HostPatchEncoder\) was saved "
+        r"with 3 variables, but rebuilding it from its input shape \[16, 4, 2\] made 0.*leaves the sub-layers "
+        r"\['dense.*', 'embedding.*'\] unbuilt.*Fix: in HostPatchEncoder.build, build each sub-layer it makes",
+    ):
+        keras.models.load_model(tmp_path / "host.keras", custom_objects=objects)
+
+
 class GeneratorNoise(keras.layers.Layer):
     """Draws its noise from a ``tf.random.Generator`` of its own, whose state no Keras counts as a weight."""
 

@@ -36,6 +36,7 @@ from custom_fit._compat.common import (
     recording,
     replica_context_with_peers,
     set_untracked,
+    unbuilt_sub_layers,
     variable_names_without_model,
 )
 from custom_fit._compat.internals import UnreviewedKerasWarning, check_installed
@@ -104,6 +105,7 @@ loss_tracker = _version.loss_tracker
 make_step_function = _version.make_step_function
 mark_built = _version.mark_built
 mark_built_if_complete = _version.mark_built_if_complete
+call_symbolically = _version.call_symbolically
 optimizer_built = _version.optimizer_built
 random_normal = _version.random_normal
 random_uniform = _version.random_uniform
@@ -144,6 +146,7 @@ __all__ = [
     "batch_size_of",
     "build_optimizer",
     "call_accepts_training",
+    "call_symbolically",
     "check_compile_arguments",
     "check_installed",
     "compiled_metrics_container",
@@ -178,6 +181,7 @@ __all__ = [
     "set_untracked",
     "share_registered_name",
     "sum_across_replicas",
+    "unbuilt_sub_layers",
     "unscale_gradients",
     "unscale_loss_for_distribution",
     "untracked_variables",

@@ -38,6 +38,7 @@ __all__ = [
     "shared_while_inside",
     "sharing_registered_names",
     "skippable_aggregation",
+    "unbuilt_sub_layers",
     "variable_names_without_model",
 ]
 
@@ -176,6 +177,11 @@ def marks_built_if_complete(layer_class: Any, model_class: Any) -> Callable[[Any
             model.built = True
 
     return mark_built_if_complete
+
+
+def unbuilt_sub_layers(layer: Any) -> list[str]:
+    """The names of the layers inside ``layer`` (at any depth) that are not built."""
+    return [sub.name for sub in layer._flatten_layers(include_self=False) if not sub.built]
 
 
 def not_compiled_error(model: Any, method: str | None) -> ValueError:

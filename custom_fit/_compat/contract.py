@@ -115,6 +115,10 @@ class KerasVersion(Protocol):
     def set_initial_epoch(self, model: KerasObject, epoch: int | None) -> None:
         """Makes ``fit`` start at ``epoch`` (``None``: at its ``initial_epoch``)."""
 
+    def call_symbolically(self, layer: KerasObject, input_shape: Any) -> None:
+        """Runs ``layer`` on a symbolic input of ``input_shape``, building what its ``call`` builds; no trace left."""
+        ...
+
     def mark_built_if_complete(self, model: KerasObject) -> None:
         """Sets ``model.built`` when all its variables exist although it was never called."""
 

@@ -74,6 +74,7 @@ __all__ = [
     "TrainerHooks",
     "build_optimizer",
     "call_accepts_training",
+    "call_symbolically",
     "check_compile_arguments",
     "compiled_metrics_container",
     "compute_loss_accepts_training",
@@ -338,6 +339,17 @@ def _tuned(model: Any, function: Callable[[Any], Any], tuner: Any) -> Callable[[
 #: ``mark_built_if_complete(model)``: sets ``model.built`` when all its variables exist although it
 #: was never called (see :func:`custom_fit._compat.common.marks_built_if_complete`).
 mark_built_if_complete = marks_built_if_complete(keras.layers.Layer, keras.Model)
+
+
+def call_symbolically(layer: Any, input_shape: Any) -> None:
+    """Calls ``layer`` on a ``keras.Input`` of ``input_shape``: sub-layers its ``call`` builds lazily get built.
+
+    As the functional API calls a layer; the node that call records is removed
+    again (the input is connected to nothing).
+    """
+    nodes = list(layer._inbound_nodes_value)
+    layer(keras.Input(batch_shape=tuple(input_shape)))
+    layer._inbound_nodes_value[:] = nodes
 
 
 # --------------------------------------------------------------------------
