@@ -74,6 +74,12 @@ class LoopCall:
     position: EpochPosition | None = None
     validation: Any = None
 
+    def close_validation(self) -> None:
+        """Closes and drops the validation's epoch iterator (``fit`` ends)."""
+        if self.validation is not None:
+            self.validation.close()
+            self.validation = None
+
 
 class Loop(Host):
     """Gives ``CustomModel`` the ``fit``, ``evaluate`` and ``predict`` of Keras 3, run by custom_fit.
@@ -132,10 +138,11 @@ class Loop(Host):
                 (x, y, sample_weight), validation_split
             )
         call = LoopCall("fit", position=EpochPosition())
-        with self._running(call):
-            state = state_of(self)
-            tuner, fixed = state.steps_tuner, state.fixed_steps_per_execution
-            epoch_iterator = _compat.keras3_only.EpochIterator(
+        state = state_of(self)
+        tuner, fixed = state.steps_tuner, state.fixed_steps_per_execution
+        with (
+            self._running(call),
+            _compat.keras3_only.EpochIterator(
                 plan=tuner.plan if tuner is not None else lambda remaining: fixed,
                 position=call.position,
                 x=x,
@@ -147,7 +154,8 @@ class Loop(Host):
                 class_weight=class_weight,
                 distribute_strategy=self.distribute_strategy,
                 steps_per_execution=fixed,
-            )
+            ) as epoch_iterator,
+        ):
             self._maybe_symbolic_build(iterator=epoch_iterator)
             epoch_iterator.reset()
             callbacks = self._callback_list(
@@ -161,13 +169,7 @@ class Loop(Host):
             for epoch in range(self._initial_epoch or initial_epoch, epochs):  # BackupAndRestore sets the former
                 self.reset_metrics()
                 callbacks.on_epoch_begin(epoch)
-                with epoch_iterator.catch_stop_iteration():
-                    for first, steps, execution in epoch_iterator:
-                        callbacks.on_train_batch_begin(first)
-                        logs = self.train_function(execution)
-                        callbacks.on_train_batch_end(first + steps - 1, logs)
-                        if self.stop_training:
-                            break
+                logs = self._train_epoch(epoch_iterator, callbacks, logs)
                 # The metrics' results replace the last step's logs where they name the same values.
                 epoch_logs = dict(self._get_metrics_result_or_logs(logs))
                 if validation_data is not None and self._should_eval(epoch, validation_freq):
@@ -197,9 +199,25 @@ class Loop(Host):
                     break
             if isinstance(self.optimizer, keras.optimizers.Optimizer) and epochs > 0:
                 self.optimizer.finalize_variable_values(self.trainable_weights)
-            call.validation = None  # it holds the validation data: not kept past fit, as in Keras
+            call.close_validation()  # it holds the validation data: not kept past fit, as in Keras
             callbacks.on_train_end(logs=training_logs)
             return self.history
+
+    def _train_epoch(self, epoch_iterator: Any, callbacks: Any, logs: Any) -> Any:
+        """Runs one epoch's training executions; returns the last one's logs (``logs`` if none ran)."""
+        execution = None
+        try:
+            with epoch_iterator.catch_stop_iteration():
+                for first, steps, execution in epoch_iterator:
+                    callbacks.on_train_batch_begin(first)
+                    logs = self.train_function(execution)
+                    callbacks.on_train_batch_end(first + steps - 1, logs)
+                    if self.stop_training:
+                        break
+            return logs
+        finally:
+            # A traceback keeps this frame: not the data iterator too (EpochIterator.close says why).
+            execution = None
 
     def evaluate(
         self,
@@ -218,13 +236,16 @@ class Loop(Host):
         if kwargs:
             raise ValueError(f"Arguments not recognized: {kwargs}")
         fit_calls = [call for call in state_of(self).loop_calls if call.kind == "fit"]
+        owned = contextlib.ExitStack()  # closes an epoch iterator made here, not fit's validation one
         if use_fit_validation and fit_calls and fit_calls[-1].validation is not None:
             epoch_iterator = fit_calls[-1].validation
         else:
-            epoch_iterator = self._epoch_iterator(
-                x=x, y=y, sample_weight=sample_weight, batch_size=batch_size, steps_per_epoch=steps
+            epoch_iterator = owned.enter_context(
+                self._epoch_iterator(
+                    x=x, y=y, sample_weight=sample_weight, batch_size=batch_size, steps_per_epoch=steps
+                )
             )
-        with self._running(LoopCall("evaluate")):
+        with owned, self._running(LoopCall("evaluate")):
             self._maybe_symbolic_build(iterator=epoch_iterator)
             epoch_iterator.reset()
             callbacks = self._callback_list(
@@ -256,8 +277,10 @@ class Loop(Host):
         steps: int | None = None,
         callbacks: Any = None,
     ) -> Any:
-        with self._running(LoopCall("predict")):
-            epoch_iterator = self._epoch_iterator(x=x, batch_size=batch_size, steps_per_epoch=steps)
+        with (
+            self._running(LoopCall("predict")),
+            self._epoch_iterator(x=x, batch_size=batch_size, steps_per_epoch=steps) as epoch_iterator,
+        ):
             if not isinstance(callbacks, keras.callbacks.CallbackList):
                 # Keras' own list: predict's logs are the outputs, which no callback waits for anyway.
                 callbacks = keras.callbacks.CallbackList(
@@ -308,6 +331,7 @@ class Loop(Host):
             yield call
         finally:
             state_of(self).loop_calls.pop()
+            call.close_validation()
             if call.position is not None:
                 call.position.adapter = None  # it holds the data: not kept past fit, as in Keras
 

@@ -162,6 +162,9 @@ class EpochIterator(_TFEpochIterator):
             ``batch_size``, ``steps_per_epoch``, ``distribute_strategy``, ...).
     """
 
+    _current_iterator: Any  # Keras' attributes: the data iterator the epoch reads,
+    _epoch_iterator: Any  # and the running _enumerate_iterator
+
     def __init__(self, *, plan: Callable[[int | None], int], position: Any = None, **kwargs: Any):
         super().__init__(**kwargs)
         adapter = self.data_adapter
@@ -178,6 +181,28 @@ class EpochIterator(_TFEpochIterator):
             position.element_spec = self._get_iterator().element_spec
             position.adapter = adapter
             position.records_hooks = isinstance(adapter, _PyDatasetAdapter) and _has_own_epoch_hooks(adapter.py_dataset)
+
+    def close(self) -> None:
+        """Stops reading the data: closes the epoch's loop and drops the data iterators it holds.
+
+        Dropping the last reference to a ``tf.data`` iterator stops its
+        prefetch thread before this returns. That matters when ``fit`` stops
+        with an exception (an interrupted run resumed in the same process): a
+        ``PyDataset`` or generator that draws from NumPy's or Python's global
+        random state in its ``__getitem__`` would otherwise go on drawing in
+        that thread, at a moment that depends on the machine's load, while the
+        resumed run restores the state a backup saved.
+        """
+        if self._epoch_iterator is not None:
+            self._epoch_iterator.close()
+        self._epoch_iterator = None
+        self._current_iterator = None
+
+    def __enter__(self) -> EpochIterator:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def _new_iterator(self) -> Any:
         if self.position is not None:
