@@ -25,15 +25,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import Any, NoReturn
 
 import numpy as np
+import tensorflow as tf
 
 from custom_fit import _compat
 from custom_fit._backup_store import BackupStore
 from custom_fit._compat import keras
 from custom_fit._loop import EpochPosition, fit_position
+from custom_fit._preemption import PREEMPTION_EXIT_CODE, PreemptionNotice
 from custom_fit._random_state import RandomState, random_state_arrays, random_states
 
 __all__ = ["Backup", "BackupAndRestore"]
@@ -169,6 +173,17 @@ class BackupAndRestore(keras.callbacks.Callback):
             when the newest cannot be read (a damaged disk). Backups are
             atomic either way.
         delete_checkpoint: Delete the backups when ``fit`` completes.
+        save_before_preemption: On ``SIGTERM`` (a preemption notice:
+            Kubernetes, Slurm, spot instances, ``timeout``), save a backup at
+            the next step boundary and exit with status 143
+            (:data:`custom_fit._preemption.PREEMPTION_EXIT_CODE`), so that the
+            restarted script resumes at that step. Where the resume position
+            is known (Keras 3, custom_fit models) that is the next step with
+            any ``save_freq``; elsewhere the process exits at the next step
+            without a new backup and resumes from the last one. ``False``:
+            ``SIGTERM`` ends the process as before. Not under
+            ``MultiWorkerMirroredStrategy``, whose workers would have to agree
+            on the step (TensorFlow's own handling stays in place there).
         store: Advanced: the :class:`~custom_fit._backup_store.BackupStore`
             (or a subclass) that keeps the backups; by default one for
             ``backup_dir``.
@@ -192,6 +207,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         *,
         double_checkpoint: bool = False,
         delete_checkpoint: bool = True,
+        save_before_preemption: bool = True,
         store: BackupStore | None = None,
     ):
         super().__init__()
@@ -218,6 +234,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._every: int | None = None if save_freq == "epoch" else int(save_freq)  # steps between backups
         self.double_checkpoint = double_checkpoint
         self.delete_checkpoint = delete_checkpoint
+        self.save_before_preemption = save_before_preemption
+        self._notice: PreemptionNotice | None = None
         self._store = store if store is not None else BackupStore(self.backup_dir)
         self._resume: Backup | None = None
         self._position: EpochPosition | None = None
@@ -252,6 +270,11 @@ class BackupAndRestore(keras.callbacks.Callback):
                 "outputs)) or custom_fit.CustomSequential, or tf_keras.callbacks.BackupAndRestore."
             )
         self._store.acquire()
+        if self.save_before_preemption and not isinstance(
+            self.model.distribute_strategy, tf.distribute.MultiWorkerMirroredStrategy
+        ):
+            self._notice = PreemptionNotice(_fit_frame())
+            self._notice.install()
         self._resume = self._store.load_latest(self._load)
         _compat.set_initial_epoch(self.model, self._resume.epoch if self._resume else None)
         self._hook_states = list(self._resume.hook_states) if self._resume else []
@@ -276,7 +299,18 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._epoch_random_state = RandomState.capture()
 
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
-        """Writes a backup when ``save_freq`` steps were trained since the last one."""
+        """Writes a backup when ``save_freq`` steps were trained since the last one, or a ``SIGTERM`` came."""
+        if self._notice is not None and self._notice.received:
+            if self._position is not None:
+                self._write(
+                    self._epoch,
+                    batch,
+                    *self._position.at_step(batch),
+                    self._epoch_random_state,
+                    self._position.data_epoch,
+                )
+                self._exit_preempted(f"saved a backup at epoch {self._epoch + 1}, step {batch}")
+            self._exit_preempted("resuming from the last backup (the resume position is unknown here)")
         if self._every is not None and self._unsaved_steps + batch - self._counted_from >= self._every:
             assert self._position is not None
             position = self._position
@@ -290,10 +324,13 @@ class BackupAndRestore(keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         """Writes the epoch's backup (with an integer ``save_freq``: when one is due)."""
         self._unsaved_steps += self._steps_in_epoch - self._counted_from
-        if self._every is None or self._unsaved_steps >= self._every:
+        preempted = self._notice is not None and self._notice.received
+        if self._every is None or self._unsaved_steps >= self._every or preempted:
             position = self._position.at_next_epoch() if self._position is not None else (0, 0)
             self._write(epoch + 1, 0, *position, RandomState.capture(), self._data_epoch_now())
             self._unsaved_steps = 0
+        if preempted:
+            self._exit_preempted(f"saved a backup at the end of epoch {epoch + 1}")
 
     def on_train_end(self, logs: Any = None) -> None:
         """Deletes the backups (``delete_checkpoint``) and unlocks ``backup_dir``.
@@ -301,9 +338,29 @@ class BackupAndRestore(keras.callbacks.Callback):
         The next ``fit`` starts at its own ``initial_epoch``.
         """
         _compat.set_initial_epoch(self.model, None)
+        self._stop_watching()
         if self.delete_checkpoint:
             self._store.clear()
         self._store.release()
+
+    # Preemption ----------------------------------------------------------------------
+
+    def _stop_watching(self) -> None:
+        if self._notice is not None:
+            self._notice.uninstall()
+            self._notice = None
+
+    def _exit_preempted(self, what: str) -> NoReturn:
+        """Unlocks ``backup_dir``, exits with :data:`PREEMPTION_EXIT_CODE` (``SystemExit``: ``finally``s run)."""
+        self._stop_watching()
+        self._store.release()
+        print(
+            f"custom_fit.BackupAndRestore: SIGTERM received; {what} in {self.backup_dir}. Exiting with status "
+            f"{PREEMPTION_EXIT_CODE}; run the same script again to resume.",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(PREEMPTION_EXIT_CODE)
 
     # Writing and reading -------------------------------------------------------------
 
@@ -383,6 +440,14 @@ class BackupAndRestore(keras.callbacks.Callback):
             adapter.on_epoch_begin()
             end.restore()
             adapter.on_epoch_end()
+
+
+def _fit_frame() -> FrameType:
+    """The frame of the innermost ``fit`` running (``on_train_begin`` is called from it)."""
+    frame = sys._getframe(1)
+    while frame.f_code.co_name != "fit" and frame.f_back is not None:
+        frame = frame.f_back
+    return frame
 
 
 def _epoch_metrics(model: keras.Model) -> list[Any]:

@@ -19,10 +19,12 @@ import functools
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -412,6 +414,21 @@ def kill_order(rng: random.Random, kills: tuple[str, ...]) -> list[str]:
     return order + [kind for kind in kills if kind == "cleanup"]
 
 
+def _scenario_environment() -> dict[str, str]:
+    # oneDNN off: the harness compares runs of separate processes, which must train bit for bit
+    # alike. From Keras 3.16 the step is traced with static batch shapes, and with oneDNN's kernels
+    # for those, uninterrupted runs of gan_hinge_tf_data differed (by up to 6.9e-6) in 3 of 16
+    # processes on a loaded 2-core machine; with oneDNN off in 0 of 16, and with the batch fetched
+    # inside the compiled step as on Keras 3.8-3.15 (forced on 3.16) in 0 of 12.
+    return {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0"}
+
+
+def _scenario_command(workdir: Path, scenario: str, *options: str) -> list[str]:
+    """The command that runs ``scenario`` with its backups in ``workdir/backup`` (``tests/crash_cases.py``)."""
+    backup, result = str(workdir / "backup"), str(workdir / "result.npz")
+    return [sys.executable, "-m", "tests.crash_cases", scenario, backup, result, *options]
+
+
 def run_with_kills(scenario: str, workdir: Path, seed: int, kills: tuple[str, ...] = KILLS) -> KillReport:
     """Runs ``tests/crash_cases.py scenario`` until it completes, killing it once per entry of ``kills``.
 
@@ -428,14 +445,9 @@ def run_with_kills(scenario: str, workdir: Path, seed: int, kills: tuple[str, ..
     rng = random.Random(seed)
     pending = kill_order(rng, kills)
     report = KillReport()
-    # oneDNN off: the harness compares runs of separate processes, which must train bit for bit
-    # alike. From Keras 3.16 the step is traced with static batch shapes, and with oneDNN's kernels
-    # for those, uninterrupted runs of gan_hinge_tf_data differed (by up to 6.9e-6) in 3 of 16
-    # processes on a loaded 2-core machine; with oneDNN off in 0 of 16, and with the batch fetched
-    # inside the compiled step as on Keras 3.8-3.15 (forced on 3.16) in 0 of 12.
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0"}
+    env = _scenario_environment()
     backup_dir = workdir / "backup"
-    command = [sys.executable, "-m", "tests.crash_cases", scenario, str(backup_dir), str(workdir / "result.npz")]
+    command = _scenario_command(workdir, scenario)
     while True:
         has_backup = bool(BackupStore(backup_dir).backups())
         kind = next((k for k in pending if k != "restore" or has_backup), None)
@@ -514,3 +526,89 @@ def test_sigkill_between_epochs_resumes_a_keras_io_gan_under_mirrored_strategy(
     with np.load(tmp_path / "result.npz") as result:
         assert result["epochs_run"] < crash_cases.EPOCHS  # the last process resumed from a backup
     assert difference == 0.0
+
+
+# --------------------------------------------------------------------------
+# Preemption notices: SIGTERM
+# --------------------------------------------------------------------------
+
+
+def _run_until_sigterm(workdir: Path, scenario: str, save_freq: str, after_steps: int) -> tuple[int, str, float]:
+    """Runs ``scenario``, sends SIGTERM after its ``after_steps``-th step; ``(status, stderr, seconds to exit)``."""
+    command, env = _scenario_command(workdir, scenario, "--save-freq", save_freq), _scenario_environment()
+    sent = None
+    with (
+        open(workdir / "stderr.txt", "w") as stderr,
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, cwd=ROOT) as process,
+    ):
+        assert process.stdout is not None
+        steps = 0
+        for output in process.stdout:
+            steps += output.strip() == "STEP"
+            if steps == after_steps and sent is None:
+                process.send_signal(signal.SIGTERM)
+                sent = time.monotonic()
+        status = process.wait(timeout=600)
+    assert sent is not None, "the run ended before the SIGTERM"
+    return status, (workdir / "stderr.txt").read_text(), time.monotonic() - sent
+
+
+def _steps_of_a_complete_run(workdir: Path, scenario: str, save_freq: str) -> int:
+    """Runs ``scenario`` to its end (resuming from ``workdir``'s backup); the number of steps it trained."""
+    command = _scenario_command(workdir, scenario, "--save-freq", save_freq)
+    done = subprocess.run(command, capture_output=True, text=True, env=_scenario_environment(), cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.split().count("STEP")
+
+
+@pytest.mark.slow
+@pytest.mark.keras3
+def test_sigterm_saves_at_the_next_step_and_the_restart_resumes_there(
+    tmp_path: Path, uninterrupted_results: Any
+) -> None:
+    """With save_freq="epoch" too: the restart trains only the steps after the SIGTERM, and equals a run without it."""
+    status, stderr, seconds = _run_until_sigterm(tmp_path, "dropout_arrays", "epoch", after_steps=20)
+    assert status == 143, stderr[-3000:]
+    saved = re.search(r"SIGTERM received; saved a backup at epoch 2, step (\d+) in .*Exiting with status 143", stderr)
+    assert saved, stderr[-3000:]
+    print(f"\nSIGTERM to exit: {seconds:.2f} s (saved at epoch 2, step {saved[1]})")
+    trained_before = crash_cases.SAMPLES // crash_cases.BATCH + int(saved[1])  # epoch 1, then epoch 2's first steps
+    assert _steps_of_a_complete_run(tmp_path, "dropout_arrays", "epoch") == 90 - trained_before
+    assert _max_difference(uninterrupted_results("dropout_arrays"), tmp_path / "result.npz") == 0.0
+
+
+@pytest.mark.slow
+def test_sigterm_without_a_resume_position_exits_for_the_last_backup(tmp_path: Path) -> None:
+    """Keras 2 (and any model Keras 3 resumes by epoch): exit 143 at the next step; the restart completes."""
+    scenario = "dropout_arrays"
+    status, stderr, _ = _run_until_sigterm(tmp_path, scenario, "epoch", after_steps=20)
+    if KERAS_2:
+        assert status == 143 and "resuming from the last backup" in stderr, stderr[-3000:]
+        assert _steps_of_a_complete_run(tmp_path, scenario, "epoch") == 90 - crash_cases.SAMPLES // crash_cases.BATCH
+    else:  # custom_fit's loop knows the position: covered above
+        assert status == 143 and "saved a backup at epoch 2" in stderr, stderr[-3000:]
+
+
+def test_sigterm_after_fit_ends_the_process_as_before() -> None:
+    """The handler is put back when fit ends, and a fit that raised no longer holds SIGTERM either."""
+    script = (
+        "import os, signal, numpy as np, tempfile, custom_fit\n"
+        "from custom_fit import keras\n"
+        "model = custom_fit.CustomSequential([keras.Input((2,)), keras.layers.Dense(1)])\n"
+        "model.compile(optimizer='sgd', loss='mse')\n"
+        "class Boom(keras.callbacks.Callback):\n"
+        "    def on_train_batch_end(self, batch, logs=None):\n"
+        "        raise RuntimeError('boom')\n"
+        "backup = custom_fit.BackupAndRestore(tempfile.mkdtemp())\n"
+        "try:\n"
+        "    model.fit(np.zeros((8, 2)), np.zeros((8, 1)), callbacks=[backup, Boom()], verbose=0)\n"
+        "except RuntimeError:\n"
+        "    pass\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "import time; time.sleep(30)\n"
+        "print('still running')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == -signal.SIGTERM, (done.returncode, done.stdout, done.stderr[-3000:])
+    assert "still running" not in done.stdout
