@@ -26,6 +26,7 @@ import dataclasses
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
@@ -143,8 +144,11 @@ class BackupAndRestore(keras.callbacks.Callback):
       final deletion) leaves the last complete backup loadable, or, once
       the final deletion has begun, a directory the next ``fit`` starts
       afresh from;
-    * the directory is locked for one process: a second process given the
-      same ``backup_dir`` gets an error instead of overwriting the backups;
+    * the directory is locked for one run: a second process given the
+      same ``backup_dir`` gets an error instead of overwriting the backups.
+      The workers of a ``MultiWorkerMirroredStrategy`` cluster share one
+      ``backup_dir``: the chief locks it and writes the backups, every
+      worker resumes from them;
     * with an integer ``save_freq`` (Keras 3, custom_fit models) the resumed
       run starts at the step after the backup instead of replaying the epoch,
       and reads the same batches, so the result equals an uninterrupted run
@@ -236,6 +240,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self.delete_checkpoint = delete_checkpoint
         self.save_before_preemption = save_before_preemption
         self._notice: PreemptionNotice | None = None
+        self._writes = True  # whether this process writes the backups (a cluster's chief does)
         self._store = store if store is not None else BackupStore(self.backup_dir)
         self._resume: Backup | None = None
         self._position: EpochPosition | None = None
@@ -269,7 +274,11 @@ class BackupAndRestore(keras.callbacks.Callback):
                 f"a {type(self.model).__name__}. Fix: use custom_fit.CustomModel (also as CustomModel(inputs, "
                 "outputs)) or custom_fit.CustomSequential, or tf_keras.callbacks.BackupAndRestore."
             )
-        self._store.acquire()
+        # One backup_dir for a multi-worker cluster: its chief writes the backups (and holds the
+        # lock, which still stops another run); every worker reads them.
+        self._writes = bool(self.model.distribute_strategy.extended.should_checkpoint)
+        if self._writes:
+            self._store.acquire()
         if self.save_before_preemption and not isinstance(
             self.model.distribute_strategy, tf.distribute.MultiWorkerMirroredStrategy
         ):
@@ -339,9 +348,10 @@ class BackupAndRestore(keras.callbacks.Callback):
         """
         _compat.set_initial_epoch(self.model, None)
         self._stop_watching()
-        if self.delete_checkpoint:
-            self._store.clear()
-        self._store.release()
+        if self._writes:
+            if self.delete_checkpoint:
+                self._store.clear()
+            self._store.release()
 
     # Preemption ----------------------------------------------------------------------
 
@@ -353,7 +363,8 @@ class BackupAndRestore(keras.callbacks.Callback):
     def _exit_preempted(self, what: str) -> NoReturn:
         """Unlocks ``backup_dir``, exits with :data:`PREEMPTION_EXIT_CODE` (``SystemExit``: ``finally``s run)."""
         self._stop_watching()
-        self._store.release()
+        if self._writes:
+            self._store.release()
         print(
             f"custom_fit.BackupAndRestore: SIGTERM received; {what} in {self.backup_dir}. Exiting with status "
             f"{PREEMPTION_EXIT_CODE}; run the same script again to resume.",
@@ -391,7 +402,13 @@ class BackupAndRestore(keras.callbacks.Callback):
             self.model.save_weights(str(directory / _compat.BACKUP_WEIGHTS_FILE))
             backup.write(directory)
 
-        self._store.write(fill, keep_previous=self.double_checkpoint)
+        if self._writes:
+            self._store.write(fill, keep_previous=self.double_checkpoint)
+            return
+        # Another worker of the cluster writes. This one reads the same values (reading a variable
+        # of a cluster may take part in a collective the writer waits for) and keeps nothing.
+        with tempfile.TemporaryDirectory() as scratch:
+            fill(Path(scratch))
 
     def _load(self, directory: Path) -> Backup:
         backup = Backup.read(directory)  # first: a damaged backup must not touch the model

@@ -18,6 +18,7 @@ them, then a 50 ms pause), so that kills land inside each.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -286,6 +287,29 @@ STRATEGY_SCENARIOS: dict[str, tuple[Callable[[], keras.Model], str]] = {
 }
 
 
+def cluster_input(strategy: tf.distribute.Strategy) -> dict[str, Any]:
+    """The repeated, seeded shuffle of ``repeated_tf_data_input``, each worker reading its shard."""
+    x, y = arrays()
+
+    def shard(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(SAMPLES, seed=7).repeat()
+        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+        return dataset.batch(context.get_per_replica_batch_size(BATCH))
+
+    return {
+        "x": strategy.distribute_datasets_from_function(shard),
+        "steps_per_epoch": SAMPLES // BATCH,
+        "shuffle": False,
+    }
+
+
+def join_cluster(worker: int, ports: str) -> tf.distribute.Strategy:
+    """Makes this process worker ``worker`` of a MultiWorkerMirroredStrategy cluster on 127.0.0.1."""
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports.split(",")]}
+    os.environ["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": worker}})
+    return tf.distribute.MultiWorkerMirroredStrategy()
+
+
 def variables_of(model: keras.Model) -> list[np.ndarray]:
     """The model's variables, then every optimizer's (a group's members in order)."""
     optimizer_variables = list(model.optimizer.variables)
@@ -300,12 +324,21 @@ def main(argv: list[str]) -> None:
     parser.add_argument("backup_dir")
     parser.add_argument("result")
     parser.add_argument("--save-freq", default=None)
+    parser.add_argument("--worker", type=int, help="this process' index in a two-worker cluster (needs --ports)")
+    parser.add_argument("--ports", help="the cluster's ports on 127.0.0.1, comma-separated")
     args = parser.parse_args(argv)
 
-    keras.utils.set_random_seed(1)
     build, input_kind = {**SCENARIOS, **STRATEGY_SCENARIOS}[args.scenario]
-    model = build()
-    inputs = INPUTS[input_kind]()
+    if args.worker is None:
+        keras.utils.set_random_seed(1)
+        model = build()
+        inputs = INPUTS[input_kind]()
+    else:  # every worker runs this same script with the same backup_dir
+        strategy = join_cluster(args.worker, args.ports)
+        keras.utils.set_random_seed(1)
+        with strategy.scope():
+            model = build()
+        inputs = cluster_input(strategy)
     if isinstance(model, custom_fit.GAN):
         inputs = _x_only(inputs)
     frequency = args.save_freq or ("epoch" if args.scenario in STRATEGY_SCENARIOS else "5")

@@ -423,10 +423,17 @@ def _scenario_environment() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0"}
 
 
-def _scenario_command(workdir: Path, scenario: str, *options: str) -> list[str]:
+def _scenario_command(workdir: Path, scenario: str, *options: str, result: str = "result.npz") -> list[str]:
     """The command that runs ``scenario`` with its backups in ``workdir/backup`` (``tests/crash_cases.py``)."""
-    backup, result = str(workdir / "backup"), str(workdir / "result.npz")
-    return [sys.executable, "-m", "tests.crash_cases", scenario, backup, result, *options]
+    return [
+        sys.executable,
+        "-m",
+        "tests.crash_cases",
+        scenario,
+        str(workdir / "backup"),
+        str(workdir / result),
+        *options,
+    ]
 
 
 def run_with_kills(scenario: str, workdir: Path, seed: int, kills: tuple[str, ...] = KILLS) -> KillReport:
@@ -612,3 +619,87 @@ def test_sigterm_after_fit_ends_the_process_as_before() -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == -signal.SIGTERM, (done.returncode, done.stdout, done.stderr[-3000:])
     assert "still running" not in done.stdout
+
+
+# --------------------------------------------------------------------------
+# One backup_dir for a MultiWorkerMirroredStrategy cluster
+# --------------------------------------------------------------------------
+
+
+def _run_cluster(workdir: Path, kill: tuple[int, int] | None = None) -> list[int]:
+    """Runs ``dropout_arrays`` as two workers on 127.0.0.1 sharing ``workdir/backup``; their exit statuses.
+
+    ``kill=(worker, step)``: SIGKILL that worker after its ``step``-th step. When a worker fails the
+    other one is killed too, as an orchestrator restarting the whole cluster would (it would wait for
+    the failed one in its next collective).
+    """
+    from tests.test_distribute import free_ports
+
+    ports = ",".join(map(str, free_ports(2)))
+    workers = []
+    for index in range(2):
+        options = ("--worker", str(index), "--ports", ports)
+        command = _scenario_command(workdir, "dropout_arrays", *options, result=f"result_w{index}.npz")
+        with open(workdir / f"stderr_w{index}.txt", "w") as stderr:
+            workers.append(
+                subprocess.Popen(
+                    command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=_scenario_environment(), cwd=ROOT
+                )
+            )
+
+    def watch(index: int) -> None:
+        steps = 0
+        for output in workers[index].stdout or ():
+            steps += output.strip() == "STEP"
+            if kill is not None and kill == (index, steps):
+                workers[index].kill()
+        if workers[index].wait() != 0:  # the other one would wait for it in its next collective
+            workers[1 - index].kill()
+
+    watchers = [threading.Thread(target=watch, args=(index,)) for index in range(2)]
+    for watcher in watchers:
+        watcher.start()
+    try:
+        for watcher in watchers:
+            watcher.join(timeout=600)
+        return [worker.wait(timeout=60) for worker in workers]
+    finally:
+        for worker in workers:
+            worker.kill()
+            worker.wait()
+            if worker.stdout is not None:
+                worker.stdout.close()
+
+
+@pytest.mark.slow
+@pytest.mark.keras3
+@pytest.mark.xdist_group("multi_worker")
+def test_a_cluster_shares_one_backup_dir_and_survives_a_sigkill_of_either_worker(tmp_path: Path) -> None:
+    """Every worker passes the same backup_dir; the chief writes; each kill resumes at the step (issue 31)."""
+    reference, run = tmp_path / "uninterrupted", tmp_path / "run"
+    reference.mkdir(), run.mkdir()
+    assert _run_cluster(reference) == [0, 0], (reference / "stderr_w0.txt").read_text()[-3000:]
+    assert not (reference / "backup").exists(), "the chief deletes the backups at the end"
+    for victim, step in ((1, 33), (0, 50)):  # the non-chief in epoch 3, then the chief in epoch 4 of the restart
+        assert _run_cluster(run, kill=(victim, step)) == [-signal.SIGKILL] * 2
+    assert _run_cluster(run) == [0, 0], (run / "stderr_w0.txt").read_text()[-3000:]
+    for index in range(2):
+        with np.load(run / f"result_w{index}.npz") as result:
+            assert result["epochs_run"] < crash_cases.EPOCHS  # the last run resumed
+        difference = _max_difference(reference / f"result_w{index}.npz", run / f"result_w{index}.npz")
+        assert difference == 0.0, f"worker {index}: max |difference| {difference}"
+
+
+@pytest.mark.slow
+@pytest.mark.keras3
+@pytest.mark.xdist_group("multi_worker")
+def test_another_run_on_a_clusters_backup_dir_is_refused(tmp_path: Path) -> None:
+    """The chief locks backup_dir as a single process does: another run (here this process) keeps it."""
+    other = BackupStore(tmp_path / "backup")
+    other.acquire()
+    try:
+        statuses = _run_cluster(tmp_path)
+    finally:
+        other.release()
+    assert statuses[0] != 0
+    assert "BackupDirectoryInUseError" in (tmp_path / "stderr_w0.txt").read_text()
