@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Literal, Protocol
 
 import tensorflow as tf
@@ -169,7 +169,14 @@ class Loop(Host):
             for epoch in range(self._initial_epoch or initial_epoch, epochs):  # BackupAndRestore sets the former
                 self.reset_metrics()
                 callbacks.on_epoch_begin(epoch)
-                logs = self._train_epoch(epoch_iterator, callbacks, logs)
+                logs = self._run_epoch(
+                    epoch_iterator,
+                    lambda execution: self.train_function(execution),  # read per execution, as Keras does
+                    callbacks.on_train_batch_begin,
+                    callbacks.on_train_batch_end,
+                    stopped=lambda: self.stop_training,
+                    logs=logs,
+                )
                 # The metrics' results replace the last step's logs where they name the same values.
                 epoch_logs = dict(self._get_metrics_result_or_logs(logs))
                 if validation_data is not None and self._should_eval(epoch, validation_freq):
@@ -203,16 +210,25 @@ class Loop(Host):
             callbacks.on_train_end(logs=training_logs)
             return self.history
 
-    def _train_epoch(self, epoch_iterator: Any, callbacks: Any, logs: Any) -> Any:
-        """Runs one epoch's training executions; returns the last one's logs (``logs`` if none ran)."""
+    def _run_epoch(
+        self,
+        epoch_iterator: Any,
+        function: Callable[[Any], Any],
+        batch_begin: Callable[[int], None],
+        batch_end: Callable[[int, Any], None],
+        *,
+        stopped: Callable[[], bool],
+        logs: Any,
+    ) -> Any:
+        """Runs ``function`` on each execution of one epoch between the batch hooks; the last logs (or ``logs``)."""
         execution = None
         try:
             with epoch_iterator.catch_stop_iteration():
                 for first, steps, execution in epoch_iterator:
-                    callbacks.on_train_batch_begin(first)
-                    logs = self.train_function(execution)
-                    callbacks.on_train_batch_end(first + steps - 1, logs)
-                    if self.stop_training:
+                    batch_begin(first)
+                    logs = function(execution)
+                    batch_end(first + steps - 1, logs)
+                    if stopped():
                         break
             return logs
         finally:
@@ -254,15 +270,15 @@ class Loop(Host):
             self.make_test_function()
             self.stop_evaluating = False
             callbacks.on_test_begin()
-            logs: Any = {}
             self.reset_metrics()
-            with epoch_iterator.catch_stop_iteration():
-                for first, steps_run, execution in epoch_iterator:
-                    callbacks.on_test_batch_begin(first)
-                    logs = self.test_function(execution)
-                    callbacks.on_test_batch_end(first + steps_run - 1, logs)
-                    if self.stop_evaluating:
-                        break
+            logs = self._run_epoch(
+                epoch_iterator,
+                lambda execution: self.test_function(execution),
+                callbacks.on_test_batch_begin,
+                callbacks.on_test_batch_end,
+                stopped=lambda: self.stop_evaluating,
+                logs={},
+            )
             logs = _compat.keras3_only.evaluation_logs(self._get_metrics_result_or_logs(logs))
             callbacks.on_test_end(logs)
         if return_dict:

@@ -677,7 +677,8 @@ def _run_cluster(workdir: Path, kill: tuple[int, int] | None = None) -> list[int
 def test_a_cluster_shares_one_backup_dir_and_survives_a_sigkill_of_either_worker(tmp_path: Path) -> None:
     """Every worker passes the same backup_dir; the chief writes; each kill resumes at the step (issue 31)."""
     reference, run = tmp_path / "uninterrupted", tmp_path / "run"
-    reference.mkdir(), run.mkdir()
+    reference.mkdir()
+    run.mkdir()
     assert _run_cluster(reference) == [0, 0], (reference / "stderr_w0.txt").read_text()[-3000:]
     assert not (reference / "backup").exists(), "the chief deletes the backups at the end"
     for victim, step in ((1, 33), (0, 50)):  # the non-chief in epoch 3, then the chief in epoch 4 of the restart
