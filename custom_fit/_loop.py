@@ -227,7 +227,7 @@ class Loop(Host):
                 for first, steps, execution in epoch_iterator:
                     batch_begin(first)
                     logs = function(execution)
-                    batch_end(first + steps - 1, logs)
+                    batch_end(_compat.keras3_only.batch_end_step(first, steps), logs)
                     if stopped():
                         break
             return logs
@@ -316,7 +316,9 @@ class Loop(Host):
                     callbacks.on_predict_batch_begin(first)
                     batch_outputs = self.predict_function(_batches(execution))
                     outputs.append(batch_outputs)
-                    callbacks.on_predict_batch_end(first + steps_run - 1, {"outputs": batch_outputs})
+                    callbacks.on_predict_batch_end(
+                        _compat.keras3_only.batch_end_step(first, steps_run), {"outputs": batch_outputs}
+                    )
                     if self.stop_predicting:
                         break
             callbacks.on_predict_end()

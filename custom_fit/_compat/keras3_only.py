@@ -38,6 +38,7 @@ __all__ = [
     "EpochIterator",
     "Execution",
     "aggregate_additional_loss",
+    "batch_end_step",
     "build_compiled_state",
     "capped_epochs",
     "compiled_loss_trackers",
@@ -301,6 +302,14 @@ def build_compiled_state(model: keras.Model, element_spec: Any) -> None:
 # --------------------------------------------------------------------------
 # The rest of fit, evaluate and predict (custom_fit._loop)
 # --------------------------------------------------------------------------
+
+
+def batch_end_step(first: int, steps: int) -> int:
+    """The step Keras passes to ``on_*_batch_end`` for an execution of ``steps`` steps from ``first``.
+
+    The execution's last step from Keras 3.11; its first one before (3.8-3.10 passed one number to both hooks).
+    """
+    return first + steps - 1 if VERSION >= (3, 11) else first
 
 
 def capped_epochs(epochs: int) -> int:
