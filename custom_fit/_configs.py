@@ -182,15 +182,15 @@ def _rebuild_lazy_sub_layers(model: Any, layer: Any, config: dict[str, Any], sav
     if not missing or "input_shape" not in config:
         return
     shape = config["input_shape"]
+    problem: str | None = None
     try:
         _compat.call_symbolically(layer, shape)
     except Exception as error:  # whatever the layer's call raises; reported with the fix below
         problem = f"calling it on a symbolic input of that shape raised {error!r}"
     else:
-        if saved is None or len(layer.variables) >= saved:
-            return
-        problem = f"calling it on a symbolic input of that shape left {_compat.unbuilt_sub_layers(layer)} unbuilt"
-    if saved is None:
+        if saved is not None and len(layer.variables) < saved:
+            problem = f"calling it on a symbolic input of that shape left {_compat.unbuilt_sub_layers(layer)} unbuilt"
+    if saved is None or problem is None:
         return
     raise ValueError(
         f"Cannot load {type(model).__name__} '{model.name}': its layer '{layer.name}' "
