@@ -137,6 +137,8 @@ class Loop(Host):
             (x, y, sample_weight), validation_data = _compat.keras3_only.train_validation_split(
                 (x, y, sample_weight), validation_split
             )
+        if validation_data is not None:
+            val_x, val_y, val_sample_weight = keras.utils.unpack_x_y_sample_weight(validation_data)
         call = LoopCall("fit", position=EpochPosition())
         state = state_of(self)
         tuner, fixed = state.steps_tuner, state.fixed_steps_per_execution
@@ -180,7 +182,6 @@ class Loop(Host):
                 # The metrics' results replace the last step's logs where they name the same values.
                 epoch_logs = dict(self._get_metrics_result_or_logs(logs))
                 if validation_data is not None and self._should_eval(epoch, validation_freq):
-                    val_x, val_y, val_sample_weight = keras.utils.unpack_x_y_sample_weight(validation_data)
                     if call.validation is None:
                         call.validation = self._epoch_iterator(
                             x=val_x,
