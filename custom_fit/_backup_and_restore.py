@@ -38,7 +38,7 @@ from custom_fit import _compat
 from custom_fit._backup_store import BackupStore
 from custom_fit._compat import keras
 from custom_fit._loop import EpochPosition, fit_position
-from custom_fit._preemption import PREEMPTION_EXIT_CODE, PreemptionNotice
+from custom_fit._preemption import EPOCH_END, PREEMPTION_EXIT_CODE, Boundary, ClusterAgreement, PreemptionNotice
 from custom_fit._random_state import RandomState, random_state_arrays, random_states
 
 __all__ = ["Backup", "BackupAndRestore"]
@@ -184,10 +184,12 @@ class BackupAndRestore(keras.callbacks.Callback):
             restarted script resumes at that step. Where the resume position
             is known (Keras 3, custom_fit models) that is the next step with
             any ``save_freq``; elsewhere the process exits at the next step
-            without a new backup and resumes from the last one. ``False``:
-            ``SIGTERM`` ends the process as before. Not under
-            ``MultiWorkerMirroredStrategy``, whose workers would have to agree
-            on the step (TensorFlow's own handling stays in place there).
+            without a new backup and resumes from the last one. Under
+            ``MultiWorkerMirroredStrategy`` a ``SIGTERM`` to any worker makes
+            every worker save (the chief writes) and exit at the same step:
+            the one after the signalled worker's next step (see
+            :class:`custom_fit._preemption.ClusterAgreement`). ``False``:
+            ``SIGTERM`` ends the process as before.
         store: Advanced: the :class:`~custom_fit._backup_store.BackupStore`
             (or a subclass) that keeps the backups; by default one for
             ``backup_dir``.
@@ -240,6 +242,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self.delete_checkpoint = delete_checkpoint
         self.save_before_preemption = save_before_preemption
         self._notice: PreemptionNotice | None = None
+        self._cluster: ClusterAgreement | None = None
         self._writes = True  # whether this process writes the backups (a cluster's chief does)
         self._store = store if store is not None else BackupStore(self.backup_dir)
         self._resume: Backup | None = None
@@ -279,11 +282,12 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._writes = bool(self.model.distribute_strategy.extended.should_checkpoint)
         if self._writes:
             self._store.acquire()
-        if self.save_before_preemption and not isinstance(
-            self.model.distribute_strategy, tf.distribute.MultiWorkerMirroredStrategy
-        ):
+        if self.save_before_preemption:
+            # After the strategy exists: its coordination service installs a SIGTERM handler of its own.
             self._notice = PreemptionNotice(_fit_frame())
             self._notice.install()
+            if _has_several_workers(self.model.distribute_strategy):
+                self._cluster = ClusterAgreement(self.model.distribute_strategy, self._notice)
         self._resume = self._store.load_latest(self._load)
         _compat.set_initial_epoch(self.model, self._resume.epoch if self._resume else None)
         self._hook_states = list(self._resume.hook_states) if self._resume else []
@@ -309,7 +313,7 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
         """Writes a backup when ``save_freq`` steps were trained since the last one, or a ``SIGTERM`` came."""
-        if self._notice is not None and self._notice.received:
+        if self._preemption_due((self._epoch, batch)):
             if self._position is not None:
                 self._write(
                     self._epoch,
@@ -333,7 +337,7 @@ class BackupAndRestore(keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         """Writes the epoch's backup (with an integer ``save_freq``: when one is due)."""
         self._unsaved_steps += self._steps_in_epoch - self._counted_from
-        preempted = self._notice is not None and self._notice.received
+        preempted = self._preemption_due((epoch, EPOCH_END))
         if self._every is None or self._unsaved_steps >= self._every or preempted:
             position = self._position.at_next_epoch() if self._position is not None else (0, 0)
             self._write(epoch + 1, 0, *position, RandomState.capture(), self._data_epoch_now())
@@ -355,18 +359,37 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     # Preemption ----------------------------------------------------------------------
 
+    def _preemption_due(self, boundary: Boundary) -> bool:
+        """Whether to save and exit at ``boundary``: at the first one after a ``SIGTERM``, cluster-wide.
+
+        One process saves at the first boundary after its own ``SIGTERM``. In
+        a cluster the signalled worker proposes at a step boundary (where no
+        other worker can be ahead of it) and all save where they agreed.
+        """
+        if self._notice is None:
+            return False
+        if self._cluster is None:
+            return self._notice.received
+        if self._notice.received and boundary[1] != EPOCH_END:
+            self._cluster.propose(boundary)
+        return self._cluster.due(boundary)
+
     def _stop_watching(self) -> None:
+        if self._cluster is not None:
+            self._cluster.stop()
+            self._cluster = None
         if self._notice is not None:
             self._notice.uninstall()
             self._notice = None
 
     def _exit_preempted(self, what: str) -> NoReturn:
         """Unlocks ``backup_dir``, exits with :data:`PREEMPTION_EXIT_CODE` (``SystemExit``: ``finally``s run)."""
+        received = "SIGTERM received" if self._notice is not None and self._notice.received else "a worker got SIGTERM"
         self._stop_watching()
         if self._writes:
             self._store.release()
         print(
-            f"custom_fit.BackupAndRestore: SIGTERM received; {what} in {self.backup_dir}. Exiting with status "
+            f"custom_fit.BackupAndRestore: {received}; {what} in {self.backup_dir}. Exiting with status "
             f"{PREEMPTION_EXIT_CODE}; run the same script again to resume.",
             file=sys.stderr,
             flush=True,
@@ -465,6 +488,12 @@ def _fit_frame() -> FrameType:
     while frame.f_code.co_name != "fit" and frame.f_back is not None:
         frame = frame.f_back
     return frame
+
+
+def _has_several_workers(strategy: tf.distribute.Strategy) -> bool:
+    """Whether ``strategy`` spans a cluster of processes (``MultiWorkerMirroredStrategy`` with a ``TF_CONFIG``)."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    return resolver is not None and bool(resolver.cluster_spec().jobs)
 
 
 def _epoch_metrics(model: keras.Model) -> list[Any]:

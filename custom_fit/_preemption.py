@@ -14,16 +14,30 @@ step returns, which is when the backup is due anyway. Written by hand rather
 than with ``tf.distribute.experimental.PreemptionCheckpointHandler``, which
 owns the checkpoint and the training-step counter itself, where
 ``BackupAndRestore`` keeps its own backups and resumes through the loop.
+
+Under a multi-worker strategy one worker gets the ``SIGTERM``, but every
+worker must save at the same step boundary (reading a cluster's variables
+and every training step are collectives). :class:`ClusterAgreement` does what
+``PreemptionCheckpointHandler`` does there, through the key-value store of
+TensorFlow's coordination service: the signalled worker proposes "the next
+boundary after mine" and waits until every worker has acknowledged it before
+it trains another step, so no worker can pass that boundary unaware.
 """
 
 from __future__ import annotations
 
+import itertools
 import signal
+import sys
 import threading
 from types import FrameType
 from typing import Any
 
-__all__ = ["PREEMPTION_EXIT_CODE", "PreemptionNotice"]
+import tensorflow as tf
+
+from custom_fit import _compat
+
+__all__ = ["PREEMPTION_EXIT_CODE", "Boundary", "ClusterAgreement", "PreemptionNotice"]
 
 #: The exit status after a save on ``SIGTERM``: 128 + 15, what a shell reports for a process
 #: ``SIGTERM`` ended (TensorFlow's preemption handling uses it on Google Cloud too). Any
@@ -78,6 +92,10 @@ class PreemptionNotice:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if self._previous is None else self._previous)
             self._installed = False
 
+    def fit_runs(self) -> bool:
+        """Whether the ``fit`` that made this notice still runs in the main thread (asked from any thread)."""
+        return self._fit_runs(sys._current_frames().get(threading.main_thread().ident or 0))
+
     def _fit_runs(self, frame: FrameType | None) -> bool:
         """Whether the ``fit`` frame is on the stack that ``frame`` (the main thread's now) is the top of."""
         while frame is not None:
@@ -96,3 +114,85 @@ class PreemptionNotice:
             previous(signum, frame)
         elif previous is not signal.SIG_IGN:  # the default action: end the process
             signal.raise_signal(signum)
+
+
+#: A step boundary of ``fit``: ``(epoch, step)`` before a training step, ``(epoch, EPOCH_END)`` at an epoch's end.
+Boundary = tuple[int, int]
+EPOCH_END = sys.maxsize
+
+#: How long a proposing worker waits for every worker's acknowledgement: far longer than a
+#: key-value round trip; a worker that does not answer is gone, and the cluster fails anyway.
+_ACK_TIMEOUT_S = 120.0
+_fits = itertools.count()  # the same sequence on every worker: they all run the same script
+
+
+class ClusterAgreement:
+    """The workers of one multi-worker ``fit`` agree on the step boundary where all of them save and exit.
+
+    When it runs: made in ``on_train_begin`` of every worker (each ``fit``
+    gets its own keys); :meth:`propose` from the boundary where a worker
+    first sees its own ``SIGTERM``; :meth:`due` at every boundary. A watcher
+    thread per worker waits for a proposal, records it, then acknowledges it.
+
+    Why it is exact: a worker proposes at a boundary ``b`` before its next
+    step, and asks for the first boundary after ``b``. No other worker can
+    have passed ``b`` (the step before it is a collective that needs the
+    proposer), and the proposer trains no step before every worker's watcher
+    has recorded the proposal. So every worker meets the proposal at the
+    same boundary, the first one after ``b`` on all of them. When two
+    workers propose, the first proposal stored holds.
+
+    Args:
+        strategy: The multi-worker strategy ``fit`` runs under.
+        notice: This worker's notice; the watcher stops once its ``fit`` ends.
+    """
+
+    def __init__(self, strategy: tf.distribute.Strategy, notice: PreemptionNotice):
+        spec = strategy.cluster_resolver.cluster_spec()
+        jobs = [job for job in ("chief", "worker") if job in spec.jobs]  # the jobs that train
+        self._workers = [f"{job}/{index}" for job in jobs for index in spec.task_indices(job)]
+        self._me = f"{strategy.cluster_resolver.task_type}/{strategy.cluster_resolver.task_id}"
+        self._key = f"custom_fit/preemption/fit_{next(_fits)}"
+        self._notice = notice
+        self._agreed: Boundary | None = None
+        self._proposed = False
+        self._recorded = threading.Event()
+        self._stopped = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="custom_fit preemption watcher", daemon=True)
+        self._watcher.start()
+
+    def propose(self, boundary: Boundary) -> None:
+        """Asks every worker to save at the first boundary after ``boundary``; returns once all recorded it."""
+        if self._proposed:
+            return
+        self._proposed = True
+        _compat.cluster_key_insert(f"{self._key}/after", f"{boundary[0]},{boundary[1]}")  # the first one holds
+        for worker in self._workers:
+            if _compat.cluster_key_get(f"{self._key}/recorded/{worker}", _ACK_TIMEOUT_S) is None:
+                print(
+                    f"custom_fit.BackupAndRestore: worker {worker} did not acknowledge the preemption within "
+                    f"{_ACK_TIMEOUT_S:.0f} s; going on without it.",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+    def due(self, boundary: Boundary) -> bool:
+        """Whether the workers agreed to save at ``boundary`` (or before it: this is the first one after)."""
+        return self._recorded.is_set() and self._agreed is not None and boundary > self._agreed
+
+    def stop(self) -> None:
+        """Ends the watcher (at its next poll, within a second)."""
+        self._stopped.set()
+
+    def _watch(self) -> None:
+        while not self._stopped.is_set() and self._notice.fit_runs():
+            try:
+                value = _compat.cluster_key_get(f"{self._key}/after", timeout_s=1.0)
+            except tf.errors.OpError:  # the coordination service is gone: the cluster is shutting down
+                return
+            if value is not None:
+                epoch, step = (int(part) for part in value.split(","))
+                self._agreed = (epoch, step)
+                self._recorded.set()  # before the acknowledgement: the proposer then trains on
+                _compat.cluster_key_insert(f"{self._key}/recorded/{self._me}", "1")
+                return

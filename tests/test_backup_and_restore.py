@@ -34,6 +34,7 @@ import pytest
 import custom_fit
 from custom_fit import KERAS_2, keras
 from custom_fit._backup_store import BackupStore
+from custom_fit._preemption import PREEMPTION_EXIT_CODE
 from tests import crash_cases, parity
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -618,19 +619,22 @@ def test_sigterm_after_fit_ends_the_process_as_before() -> None:
 # --------------------------------------------------------------------------
 
 
-def _run_cluster(workdir: Path, kill: tuple[int, int] | None = None) -> list[int]:
-    """Runs ``dropout_arrays`` as two workers on 127.0.0.1 sharing ``workdir/backup``; their exit statuses.
+def _run_cluster(
+    workdir: Path, kill: tuple[tuple[int, ...], int] | None = None, send: int = signal.SIGKILL, save_freq: str = "5"
+) -> tuple[list[int], list[int]]:
+    """Runs ``dropout_arrays`` as two workers on 127.0.0.1 sharing ``workdir/backup``; their exit statuses and steps.
 
-    ``kill=(worker, step)``: SIGKILL that worker after its ``step``-th step. When a worker fails the
-    other one is killed too, as an orchestrator restarting the whole cluster would (it would wait for
-    the failed one in its next collective).
+    ``kill=(workers, step)``: send ``send`` to those workers after their ``step``-th step. When a worker
+    fails (other than by a preemption exit, after which every worker exits by itself) the other one
+    is killed too, as an orchestrator restarting the whole cluster would (it would wait for the
+    failed one in its next collective).
     """
     from tests.test_distribute import free_ports
 
     ports = ",".join(map(str, free_ports(2)))
     workers = []
     for index in range(2):
-        options = ("--worker", str(index), "--ports", ports)
+        options = ("--worker", str(index), "--ports", ports, "--save-freq", save_freq)
         command = _scenario_command(workdir, "dropout_arrays", *options, result=f"result_w{index}.npz")
         with open(workdir / f"stderr_w{index}.txt", "w") as stderr:
             workers.append(
@@ -638,14 +642,14 @@ def _run_cluster(workdir: Path, kill: tuple[int, int] | None = None) -> list[int
                     command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=_scenario_environment(), cwd=ROOT
                 )
             )
+    steps = [0, 0]
 
     def watch(index: int) -> None:
-        steps = 0
         for output in workers[index].stdout or ():
-            steps += output.strip() == "STEP"
-            if kill is not None and kill == (index, steps):
-                workers[index].kill()
-        if workers[index].wait() != 0:  # the other one would wait for it in its next collective
+            steps[index] += output.strip() == "STEP"
+            if kill is not None and index in kill[0] and steps[index] == kill[1]:
+                workers[index].send_signal(send)
+        if workers[index].wait() not in (0, PREEMPTION_EXIT_CODE):
             workers[1 - index].kill()
 
     watchers = [threading.Thread(target=watch, args=(index,)) for index in range(2)]
@@ -654,7 +658,7 @@ def _run_cluster(workdir: Path, kill: tuple[int, int] | None = None) -> list[int
     try:
         for watcher in watchers:
             watcher.join(timeout=600)
-        return [worker.wait(timeout=60) for worker in workers]
+        return [worker.wait(timeout=60) for worker in workers], steps
     finally:
         for worker in workers:
             worker.kill()
@@ -663,19 +667,18 @@ def _run_cluster(workdir: Path, kill: tuple[int, int] | None = None) -> list[int
                 worker.stdout.close()
 
 
-@pytest.mark.slow
-@pytest.mark.keras3
-@pytest.mark.xdist_group("multi_worker")
-def test_a_cluster_shares_one_backup_dir_and_survives_a_sigkill_of_either_worker(tmp_path: Path) -> None:
-    """Every worker passes the same backup_dir; the chief writes; each kill resumes at the step (issue 31)."""
-    reference, run = tmp_path / "uninterrupted", tmp_path / "run"
-    reference.mkdir()
-    run.mkdir()
-    assert _run_cluster(reference) == [0, 0], (reference / "stderr_w0.txt").read_text()[-3000:]
+@pytest.fixture(scope="module")
+def uninterrupted_cluster(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The directory of one uninterrupted two-worker run (its ``result_w0.npz``, ``result_w1.npz``)."""
+    reference = tmp_path_factory.mktemp("uninterrupted_cluster")
+    statuses, _ = _run_cluster(reference)
+    assert statuses == [0, 0], (reference / "stderr_w0.txt").read_text()[-3000:]
     assert not (reference / "backup").exists(), "the chief deletes the backups at the end"
-    for victim, step in ((1, 33), (0, 50)):  # the non-chief in epoch 3, then the chief in epoch 4 of the restart
-        assert _run_cluster(run, kill=(victim, step)) == [-signal.SIGKILL] * 2
-    assert _run_cluster(run) == [0, 0], (run / "stderr_w0.txt").read_text()[-3000:]
+    return reference
+
+
+def _assert_cluster_equals(reference: Path, run: Path) -> None:
+    """Both workers of ``run`` resumed and ended with ``reference``'s weights, optimizer state and history."""
     for index in range(2):
         with np.load(run / f"result_w{index}.npz") as result:
             assert result["epochs_run"] < crash_cases.EPOCHS  # the last run resumed
@@ -686,12 +689,55 @@ def test_a_cluster_shares_one_backup_dir_and_survives_a_sigkill_of_either_worker
 @pytest.mark.slow
 @pytest.mark.keras3
 @pytest.mark.xdist_group("multi_worker")
+def test_a_cluster_shares_one_backup_dir_and_survives_a_sigkill_of_either_worker(
+    tmp_path: Path, uninterrupted_cluster: Path
+) -> None:
+    """Every worker passes the same backup_dir; the chief writes; each kill resumes at the step (issue 31)."""
+    for victim, step in ((1, 33), (0, 50)):  # the non-chief in epoch 3, then the chief in epoch 4 of the restart
+        assert _run_cluster(tmp_path, kill=((victim,), step))[0] == [-signal.SIGKILL] * 2
+    statuses, _ = _run_cluster(tmp_path)
+    assert statuses == [0, 0], (tmp_path / "stderr_w0.txt").read_text()[-3000:]
+    _assert_cluster_equals(uninterrupted_cluster, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.keras3
+@pytest.mark.xdist_group("multi_worker")
+@pytest.mark.parametrize("signalled", [(1,), (0,), (0, 1)], ids=["worker", "chief", "both"])
+def test_a_sigterm_saves_the_cluster_at_one_step_and_the_restart_resumes_there(
+    signalled: tuple[int, ...], tmp_path: Path, uninterrupted_cluster: Path
+) -> None:
+    """save_freq="epoch": all workers save at the step after the signalled one's next, exit 143; nothing is lost."""
+    statuses, _ = _run_cluster(tmp_path, kill=(signalled, 33), send=signal.SIGTERM, save_freq="epoch")
+    stderrs = [(tmp_path / f"stderr_w{index}.txt").read_text() for index in range(2)]
+    assert statuses == [PREEMPTION_EXIT_CODE] * 2, [stderr[-3000:] for stderr in stderrs]
+    pattern = r"custom_fit.BackupAndRestore: ([^;]+); saved a backup at epoch (\d+), step (\d+) in "
+    saved = [re.search(pattern, stderr) for stderr in stderrs]
+    assert saved[0] and saved[1], [stderr[-3000:] for stderr in stderrs]
+    assert [match[1] for match in saved] == [
+        "SIGTERM received" if index in signalled else "a worker got SIGTERM" for index in range(2)
+    ]
+    assert saved[0].groups()[1:] == saved[1].groups()[1:], "the workers saved at different steps"
+    epoch, step = int(saved[0][2]), int(saved[0][3])
+    trained_before = (epoch - 1) * (crash_cases.SAMPLES // crash_cases.BATCH) + step
+    print(f"\ncluster SIGTERM after step 33 of workers {signalled}: both saved after step {trained_before}")
+    # The signalled worker proposes at its next boundary and both save at the one after: one step later.
+    assert trained_before in (34, 35), trained_before
+    statuses, steps = _run_cluster(tmp_path)
+    assert statuses == [0, 0], (tmp_path / "stderr_w0.txt").read_text()[-3000:]
+    assert steps == [90 - trained_before] * 2  # the restart trains only what was not trained
+    _assert_cluster_equals(uninterrupted_cluster, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.keras3
+@pytest.mark.xdist_group("multi_worker")
 def test_another_run_on_a_clusters_backup_dir_is_refused(tmp_path: Path) -> None:
     """The chief locks backup_dir as a single process does: another run (here this process) keeps it."""
     other = BackupStore(tmp_path / "backup")
     other.acquire()
     try:
-        statuses = _run_cluster(tmp_path)
+        statuses, _ = _run_cluster(tmp_path)
     finally:
         other.release()
     assert statuses[0] != 0

@@ -29,6 +29,8 @@ import tensorflow as _tf
 from custom_fit._compat import contract
 from custom_fit._compat.common import (
     batch_size_of,
+    cluster_key_get,
+    cluster_key_insert,
     explain_xla_errors,
     is_scalar,
     marked_as,
@@ -149,6 +151,8 @@ __all__ = [
     "call_symbolically",
     "check_compile_arguments",
     "check_installed",
+    "cluster_key_get",
+    "cluster_key_insert",
     "compiled_metrics_container",
     "compute_loss_accepts_training",
     "counting_regularizer_calls",

@@ -307,6 +307,34 @@ def recording(tape: tf.GradientTape) -> Iterator[None]:
             yield
 
 
+def cluster_key_insert(key: str, value: str) -> bool:
+    """Stores ``key`` in the key-value store every worker of a multi-worker strategy reaches; ``False`` if taken.
+
+    TensorFlow's coordination service (which ``MultiWorkerMirroredStrategy``
+    starts) keeps the store; its Python API is ``tensorflow.python.eager``'s
+    private ``context``. A key, once inserted, keeps its first value for the
+    cluster's lifetime.
+    """
+    from tensorflow.python.eager import context
+
+    try:
+        context.context().set_config_key_value(key, value)
+    except tf.errors.AlreadyExistsError:
+        return False
+    return True
+
+
+def cluster_key_get(key: str, timeout_s: float) -> str | None:
+    """The value of ``key`` in the cluster's key-value store, waiting up to ``timeout_s``; ``None`` if still unset."""
+    from tensorflow.python.eager import context
+
+    try:
+        value: str = context.context().get_config_key_value(key, timeout_in_ms=max(1, int(timeout_s * 1000)))
+    except tf.errors.DeadlineExceededError:
+        return None
+    return value
+
+
 def replica_context_with_peers() -> tf.distribute.ReplicaContext | None:
     """The current replica context if several replicas run in sync, else ``None``."""
     context = tf.distribute.get_replica_context()
