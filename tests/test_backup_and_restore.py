@@ -620,11 +620,15 @@ def test_sigterm_after_fit_ends_the_process_as_before() -> None:
 
 
 def _run_cluster(
-    workdir: Path, kill: tuple[tuple[int, ...], int] | None = None, send: int = signal.SIGKILL, save_freq: str = "5"
+    workdir: Path,
+    kill: tuple[tuple[int, ...], str, int] | None = None,
+    send: int = signal.SIGKILL,
+    save_freq: str = "5",
 ) -> tuple[list[int], list[int]]:
     """Runs ``dropout_arrays`` as two workers on 127.0.0.1 sharing ``workdir/backup``; their exit statuses and steps.
 
-    ``kill=(workers, step)``: send ``send`` to those workers after their ``step``-th step. When a worker
+    ``kill=(workers, kind, n)``: send ``send`` to those workers at the ``n``-th ``kind`` of
+    ``TRIGGERS`` (``"step"``: after their ``n``-th step; ``"write"``, ``"restore"``: inside it). When a worker
     fails (other than by a preemption exit, after which every worker exits by itself) the other one
     is killed too, as an orchestrator restarting the whole cluster would (it would wait for the
     failed one in its next collective).
@@ -642,13 +646,16 @@ def _run_cluster(
                     command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=_scenario_environment(), cwd=ROOT
                 )
             )
-    steps = [0, 0]
+    seen = [collections.Counter[str](), collections.Counter[str]()]
 
     def watch(index: int) -> None:
         for output in workers[index].stdout or ():
-            steps[index] += output.strip() == "STEP"
-            if kill is not None and index in kill[0] and steps[index] == kill[1]:
-                workers[index].send_signal(send)
+            seen[index][output.strip()] += 1
+            if kill is not None and index in kill[0]:
+                line, _, delay = TRIGGERS[kill[1]]
+                if output.strip() == line and seen[index][line] == kill[2]:
+                    time.sleep(delay)
+                    workers[index].send_signal(send)
         if workers[index].wait() not in (0, PREEMPTION_EXIT_CODE):
             workers[1 - index].kill()
 
@@ -658,7 +665,7 @@ def _run_cluster(
     try:
         for watcher in watchers:
             watcher.join(timeout=600)
-        return [worker.wait(timeout=60) for worker in workers], steps
+        return [worker.wait(timeout=60) for worker in workers], [counts["STEP"] for counts in seen]
     finally:
         for worker in workers:
             worker.kill()
@@ -689,12 +696,20 @@ def _assert_cluster_equals(reference: Path, run: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.keras3
 @pytest.mark.xdist_group("multi_worker")
-def test_a_cluster_shares_one_backup_dir_and_survives_a_sigkill_of_either_worker(
+def test_a_cluster_shares_one_backup_dir_and_survives_a_sigkill_of_either_worker_anywhere(
     tmp_path: Path, uninterrupted_cluster: Path
 ) -> None:
-    """Every worker passes the same backup_dir; the chief writes; each kill resumes at the step (issue 31)."""
-    for victim, step in ((1, 33), (0, 50)):  # the non-chief in epoch 3, then the chief in epoch 4 of the restart
-        assert _run_cluster(tmp_path, kill=((victim,), step))[0] == [-signal.SIGKILL] * 2
+    """Every worker passes the same backup_dir; the chief writes; kills at steps, in writes and restores."""
+    kills = [  # (victim, kind, n), each in a cluster restarted after the one before
+        (1, "step", 33),  # the non-chief in epoch 3
+        (0, "write", 2),  # the chief inside its second backup write (files complete, not renamed in)
+        (0, "restore", 1),  # the chief while it loads the backup
+        (1, "restore", 1),  # the non-chief while it loads the backup
+        (0, "step", 20),  # the chief, a few steps into the restart
+    ]
+    for victim, kind, n in kills:
+        statuses, _ = _run_cluster(tmp_path, kill=((victim,), kind, n))
+        assert statuses == [-signal.SIGKILL] * 2, (victim, kind, n, (tmp_path / "stderr_w0.txt").read_text()[-3000:])
     statuses, _ = _run_cluster(tmp_path)
     assert statuses == [0, 0], (tmp_path / "stderr_w0.txt").read_text()[-3000:]
     _assert_cluster_equals(uninterrupted_cluster, tmp_path)
@@ -708,7 +723,7 @@ def test_a_sigterm_saves_the_cluster_at_one_step_and_the_restart_resumes_there(
     signalled: tuple[int, ...], tmp_path: Path, uninterrupted_cluster: Path
 ) -> None:
     """save_freq="epoch": all workers save at the step after the signalled one's next, exit 143; nothing is lost."""
-    statuses, _ = _run_cluster(tmp_path, kill=(signalled, 33), send=signal.SIGTERM, save_freq="epoch")
+    statuses, _ = _run_cluster(tmp_path, kill=(signalled, "step", 33), send=signal.SIGTERM, save_freq="epoch")
     stderrs = [(tmp_path / f"stderr_w{index}.txt").read_text() for index in range(2)]
     assert statuses == [PREEMPTION_EXIT_CODE] * 2, [stderr[-3000:] for stderr in stderrs]
     pattern = r"custom_fit.BackupAndRestore: ([^;]+); saved a backup at epoch (\d+), step (\d+) in "
