@@ -727,13 +727,13 @@ def test_a_sigterm_saves_the_cluster_at_one_step_and_the_restart_resumes_there(
     stderrs = [(tmp_path / f"stderr_w{index}.txt").read_text() for index in range(2)]
     assert statuses == [PREEMPTION_EXIT_CODE] * 2, [stderr[-3000:] for stderr in stderrs]
     pattern = r"custom_fit.BackupAndRestore: ([^;]+); saved a backup at epoch (\d+), step (\d+) in "
-    saved = [re.search(pattern, stderr) for stderr in stderrs]
-    assert saved[0] and saved[1], [stderr[-3000:] for stderr in stderrs]
-    assert [match[1] for match in saved] == [
+    chief, worker = (re.search(pattern, stderr) for stderr in stderrs)
+    assert chief and worker, [stderr[-3000:] for stderr in stderrs]
+    assert [chief[1], worker[1]] == [
         "SIGTERM received" if index in signalled else "a worker got SIGTERM" for index in range(2)
     ]
-    assert saved[0].groups()[1:] == saved[1].groups()[1:], "the workers saved at different steps"
-    epoch, step = int(saved[0][2]), int(saved[0][3])
+    assert chief.groups()[1:] == worker.groups()[1:], "the workers saved at different steps"
+    epoch, step = int(chief[2]), int(chief[3])
     trained_before = (epoch - 1) * (crash_cases.SAMPLES // crash_cases.BATCH) + step
     print(f"\ncluster SIGTERM after step 33 of workers {signalled}: both saved after step {trained_before}")
     # The signalled worker proposes at its next boundary and both save at the one after: one step later.
