@@ -20,7 +20,7 @@ Everything else lives with the object that owns its state:
 :mod:`custom_fit._optimizers` (named optimizers), :mod:`custom_fit._diagnostics`
 (misuse warnings), :mod:`custom_fit._logged_values` (epoch means of a step's
 values), :mod:`custom_fit._compiled` (Keras-2-style ``compiled_loss``),
-:mod:`custom_fit._configs` and :mod:`custom_fit._extra_state` (saving), and
+:mod:`custom_fit._saving` and :mod:`custom_fit._extra_state` (saving), and
 :mod:`custom_fit._compat` (Keras' private names).
 """
 
@@ -38,12 +38,12 @@ from custom_fit import _optimizers as optimizers
 from custom_fit import _step_fusion as step_fusion
 from custom_fit._compat import keras
 from custom_fit._compiled import CompiledAttributes
-from custom_fit._configs import ConfigsFromArguments
 from custom_fit._diagnostics import GradsAndVars
 from custom_fit._extra_state import SavesExtraState
 from custom_fit._functional import functional_twin
 from custom_fit._logged_values import LoggedValuesMixin
 from custom_fit._loop import Loop
+from custom_fit._saving import ConfigsFromArguments
 from custom_fit._state import state_of
 from custom_fit._step_functions import StepFunctions
 
