@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from custom_fit import _compat
+from custom_fit import _logged_values as epoch_means
 from custom_fit._compat import keras
 from custom_fit._host import Host
 
@@ -111,7 +112,7 @@ class CompiledLoss:
             )
         total = _compat.keras3_only.sum_losses(losses)
         if _compat.loss_tracker(model) is not None:
-            model._add_to_loss_tracker(total, _compat.batch_size_of(y_pred))
+            epoch_means.add_to_loss_tracker(model, total, _compat.batch_size_of(y_pred))
         return total
 
     @property

@@ -2,8 +2,8 @@
 
 ``model.save``, ``save_weights``, ``ModelCheckpoint`` and both
 ``BackupAndRestore``s write a model's variables through its
-``save_own_variables``. :class:`SavesExtraState` adds entries for what Keras
-would leave out, so that a model restored from any of those files continues
+``save_own_variables``. :class:`custom_fit._saving.Saving` adds entries (with
+:func:`save`) for what Keras would leave out, so that a model restored from any of those files continues
 exactly like the one that was saved. Each kind of state is one
 :class:`ExtraState` (a key prefix, a save function, a load function):
 
@@ -28,9 +28,8 @@ from typing import Any
 
 from custom_fit import _compat
 from custom_fit import _optimizers as optimizers
-from custom_fit._host import Host
 
-__all__ = ["PARTS", "ExtraState", "SavesExtraState"]
+__all__ = ["PARTS", "ExtraState", "load", "save", "split"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +82,7 @@ def _load_seed_states(model: Any, saved: Mapping[str, Any]) -> None:
             state.assign(saved[str(i)])
 
 
-#: What :class:`SavesExtraState` saves, in the order it is loaded.
+#: What :func:`save` saves, in the order :func:`load` loads it.
 PARTS: tuple[ExtraState, ...] = (
     ExtraState("optimizer_variables_", optimizers.save_assignment, optimizers.load_assignment),
     ExtraState("untracked_variable_", _save_untracked, _load_untracked),
@@ -91,33 +90,30 @@ PARTS: tuple[ExtraState, ...] = (
 )
 
 
-class SavesExtraState(Host):
-    """Saves and loads every :data:`PARTS` entry with the model's own variables."""
+def save(model: Any, store: Any) -> None:
+    """Adds every :data:`PARTS` entry to ``store``, which holds the model's own variables already."""
+    for part in PARTS:
+        for key, value in part.save(model).items():
+            store[part.prefix + key] = value
 
-    def save_own_variables(self, store: Any) -> None:
-        """Saves the model's own variables and the state Keras leaves out (see the module docstring).
 
-        Called by ``model.save``, ``save_weights``, ``ModelCheckpoint`` and
-        ``BackupAndRestore``. Unlike ``keras.Model``, seed generator states,
-        untracked variables and the named optimizers' variables are saved too,
-        so a run resumed from a file continues exactly like an uninterrupted one.
-        """
-        super().save_own_variables(store)
-        for part in PARTS:
-            for key, value in part.save(self).items():
-                store[part.prefix + key] = value
+def split(store: Any) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """``store``'s entries as ``(Keras' own, {prefix: {key: value}} of each part)``; Keras counts its own."""
+    keys = list(store.keys())  # a Keras weights store (an H5 group), not a dict
+    parts = {
+        part.prefix: {k[len(part.prefix) :]: store[k] for k in keys if k.startswith(part.prefix)} for part in PARTS
+    }
+    taken = {part.prefix + key for part in PARTS for key in parts[part.prefix]}
+    return {k: store[k] for k in keys if k not in taken}, parts
 
-    def load_own_variables(self, store: Any) -> None:
-        """Loads what :meth:`save_own_variables` saved (files without some of it load too).
 
-        Raises:
-            ValueError: The file holds a value for a ``tf.Variable`` this model
-                does not have (yet): one created in ``call``, or code changed
-                since the file was written.
-        """
-        keys = list(store.keys())  # a Keras weights store (an H5 group), not a dict
-        ours = {part.prefix: [k for k in keys if k.startswith(part.prefix)] for part in PARTS}
-        taken = {k for found in ours.values() for k in found}
-        super().load_own_variables({k: store[k] for k in keys if k not in taken})
-        for part in PARTS:
-            part.load(self, {k[len(part.prefix) :]: store[k] for k in ours[part.prefix]})
+def load(model: Any, parts: Mapping[str, Mapping[str, Any]]) -> None:
+    """Loads what :func:`split` took out, after the model's own variables (a file may lack some of it).
+
+    Raises:
+        ValueError: The file holds a value for a ``tf.Variable`` the model
+            does not have (yet): one created in ``call``, or code changed
+            since the file was written.
+    """
+    for part in PARTS:
+        part.load(model, parts[part.prefix])

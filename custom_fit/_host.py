@@ -2,8 +2,9 @@
 # mypy: disable-error-code="empty-body"
 """The model custom_fit's mixins are mixed into, as type checkers see it.
 
-``CustomModel`` is ``keras.Model`` with mixins in front of it (``Loop``,
-``StepFunctions``, ``LoggedValuesMixin``, ...). Each mixin derives from
+``CustomModel`` is ``keras.Model`` with three bases in front of it: ``Saving``,
+its trainer (``Loop`` on ``StepFunctions`` on ``_compat.TrainerHooks``) and,
+on Keras 3, ``CompiledAttributes``. Each of these mixins derives from
 :data:`Host`: :class:`ModelHost` while type checking, ``object`` at run time
 (so the method resolution order is the mixins', then Keras'). mypy thereby
 checks what each mixin reads and calls on ``self``: Keras' model API (Keras
@@ -126,8 +127,6 @@ class ModelHost:
     def log_values(self, batch: Any, **values: Any) -> None: ...
 
     def get_metrics_result(self) -> dict[str, Any]: ...
-
-    def _add_to_loss_tracker(self, loss: Any, batch_size: Any) -> None: ...
 
     def _after_compile(self) -> None: ...
 

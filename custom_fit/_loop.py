@@ -43,9 +43,9 @@ import tensorflow as tf
 from custom_fit import _compat
 from custom_fit._callbacks import LazyCallbackList
 from custom_fit._compat import keras
-from custom_fit._host import Host
 from custom_fit._random_state import RandomState
 from custom_fit._state import state_of
+from custom_fit._step_functions import StepFunctions
 
 __all__ = ["EpochPosition", "Loop", "LoopCall", "ResumePoint", "fit_position"]
 
@@ -81,7 +81,7 @@ class LoopCall:
             self.validation = None
 
 
-class Loop(Host):
+class Loop(StepFunctions):
     """Gives ``CustomModel`` the ``fit``, ``evaluate`` and ``predict`` of Keras 3, run by custom_fit.
 
     Each method takes Keras' arguments and does what ``keras.Model``'s does

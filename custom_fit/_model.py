@@ -34,37 +34,33 @@ import tensorflow as tf
 from custom_fit import _compat
 from custom_fit import _diagnostics as diagnostics
 from custom_fit import _gradient_contract as gradient_contract
+from custom_fit import _logged_values as epoch_means
 from custom_fit import _optimizers as optimizers
 from custom_fit import _step_fusion as step_fusion
 from custom_fit._compat import keras
 from custom_fit._compiled import CompiledAttributes
 from custom_fit._diagnostics import GradsAndVars
-from custom_fit._extra_state import SavesExtraState
 from custom_fit._functional import functional_twin
-from custom_fit._logged_values import LoggedValuesMixin
 from custom_fit._loop import Loop
-from custom_fit._saving import ConfigsFromArguments
+from custom_fit._saving import Saving
 from custom_fit._state import state_of
 from custom_fit._step_functions import StepFunctions
 
 __all__ = ["CustomModel", "CustomSequential"]
 
-# Two mixins depend on what the Keras in use provides (capabilities `_compat` states): custom_fit's
-# own fit loop where it runs one (Keras 3; tf_keras' runs on Keras 2), and Keras 2's meaning of
-# compiled_loss / compiled_metrics where Keras gives models none (Keras 3).
-_LOOP: tuple[type, ...] = (Loop,) if _compat.RUNS_OWN_LOOP else ()
+# Two bases depend on what the Keras in use provides (capabilities `_compat` states): the trainer is
+# custom_fit's own fit loop on its step functions where it runs one (Keras 3; tf_keras' loop runs
+# on Keras 2), and Keras 2's meaning of compiled_loss / compiled_metrics is added where Keras gives
+# models none (Keras 3).
+_TRAINER: type = Loop if _compat.RUNS_OWN_LOOP else StepFunctions
 _COMPILED_ATTRIBUTES: tuple[type, ...] = () if _compat.HAS_COMPILED_LOSS_ATTRIBUTES else (CompiledAttributes,)
 
 
 @keras.saving.register_keras_serializable(package="custom_fit")
 class CustomModel(
-    *_LOOP,  # type: ignore[misc]  # mixins that depend on the Keras in use (see above)
+    Saving,  # before the trainer: on Keras 2 both define get_config, and Saving's comes first
+    _TRAINER,  # bases that depend on the Keras in use (see above)
     *_COMPILED_ATTRIBUTES,  # type: ignore[misc]
-    SavesExtraState,
-    ConfigsFromArguments,
-    StepFunctions,
-    LoggedValuesMixin,
-    _compat.TrainerHooks,
     keras.Model,
 ):
     """A drop-in ``keras.Model`` whose training step is written out explicitly.
@@ -152,7 +148,7 @@ class CustomModel(
         state_of(self).steps_tuner = tuner
         if tuner is not None:
             _compat.record_compile_option(self, "steps_per_execution", step_fusion.AUTO)
-        self._make_logged_value_trackers()
+        state_of(self).logged_values = epoch_means.LoggedValues.for_model(self)
 
     @property
     def steps_tuner(self) -> step_fusion.StepsPerExecutionTuner | None:
@@ -318,6 +314,70 @@ class CustomModel(
         variables = [v for _, v in grads_and_vars]
         gradient_contract.hand_over(optimizers.resolve(self, optimizer, variables), grads_and_vars)
 
+    # -- what a step reports -----------------------------------------------
+
+    #: Names of the values a custom step reports with :meth:`log_values`
+    #: (e.g. ``("d_loss", "g_loss")``). ``compile()`` creates one batch-size
+    #: weighted ``Mean`` per name; they appear in ``History``, the progress bar
+    #: and callbacks (``val_`` prefixed in validation) as epoch means. Names
+    #: ending in ``loss`` or ``penalty`` are "lower is better" for callbacks
+    #: that monitor them (``EarlyStopping(monitor="g_loss")`` needs no ``mode``).
+    logged_values: Sequence[str] = ()
+
+    def log_values(self, batch: Any, **values: Any) -> None:
+        """Adds this batch's named values to their epoch means (see :attr:`logged_values`).
+
+        Call it from a custom ``train_step`` / ``test_step`` and return
+        ``self.get_metrics_result()``. Each value is averaged over the epoch
+        weighted by batch size, reset every epoch and at the start of
+        ``evaluate``. Values follow Keras' loss convention under
+        ``tf.distribute`` (as :func:`custom_fit.batch_mean` returns them).
+        ``loss=`` updates Keras' own ``loss`` tracker.
+
+        Args:
+            batch: The batch's inputs (any structure) or its size.
+            **values: Scalar tensors, by name; each name must be in
+                :attr:`logged_values`.
+
+        Raises:
+            ValueError: The model is not compiled, or a name is not in
+                :attr:`logged_values`.
+
+        Example:
+            >>> import tensorflow as tf, custom_fit
+            >>> class TwoLosses(custom_fit.CustomModel):
+            ...     logged_values = ("mse", "mae")
+            ...     def train_step(self, data):
+            ...         x, y = data
+            ...         with tf.GradientTape() as tape:
+            ...             y_pred = self(x, training=True)
+            ...             mse = custom_fit.batch_mean(tf.square(y_pred - y))
+            ...             mae = custom_fit.batch_mean(tf.abs(y_pred - y))
+            ...         self.minimize(mse, tape, self.trainable_weights)
+            ...         self.log_values(x, mse=mse, mae=mae)
+            ...         return self.get_metrics_result()
+        """
+        epoch_means.log(self, batch, values)
+
+    @property
+    def metrics(self) -> list[Any]:
+        """Keras' metrics, with the trackers of :attr:`logged_values` after ``loss``.
+
+        A model compiled without a loss has a ``loss`` entry only once a step
+        reported one (``CustomModel``'s own steps, ``compiled_loss``,
+        ``log_values(loss=...)``), as on Keras 2; Keras 3 would log ``loss: 0``.
+        """
+        return epoch_means.with_trackers(self, super().metrics)
+
+    def get_metrics_result(self) -> dict[str, Any]:
+        """The current value of every metric, as a flat dict.
+
+        Unlike ``keras.Model``, compiled metrics that no step updated yet are
+        left out instead of raising "Cannot get result() since the metric has
+        not yet been built".
+        """
+        return epoch_means.metrics_result(self)
+
     # -- helpers of the steps ----------------------------------------------
 
     def _unpack_batch(self, data: Any) -> tuple[Any, Any, Any]:
@@ -344,7 +404,7 @@ class CustomModel(
     def _track_loss(self, loss: Any, x: Any) -> None:
         """Adds the batch's loss to the ``loss`` tracker as Keras 3's steps do (Keras 2's loss did already)."""
         if _compat.STEP_UPDATES_LOSS_TRACKER and _compat.loss_tracker(self) is not None:
-            self._add_to_loss_tracker(loss, _compat.batch_size_of(x))
+            epoch_means.add_to_loss_tracker(self, loss, _compat.batch_size_of(x))
 
 
 @keras.saving.register_keras_serializable(package="custom_fit")

@@ -1,9 +1,15 @@
-"""Constructor and compile arguments as Keras configs: existing multi-model code saves and loads unchanged.
+"""What ``model.save`` writes and ``load_model`` reads: existing multi-model code saves and loads unchanged.
+
+:class:`Saving` gives ``CustomModel`` Keras' saving methods: configs
+(``get_config``, ``get_build_config``, ``get_compile_config`` and their
+``from_config`` counterparts) and the model's own variables
+(``save_own_variables``, ``load_own_variables``, with the state
+:mod:`custom_fit._extra_state` adds).
 
 Public Keras examples write multi-model code that ``keras.Model`` cannot save:
 sub-models handed to ``__init__`` with no ``get_config``, and optimizers,
 losses and settings handed to a ``compile`` of the model's own and kept as
-attributes. ``CustomModel`` saves such code as it is; :class:`ConfigsFromArguments`
+attributes. ``CustomModel`` saves such code as it is; :class:`Saving`
 
 * records the arguments each model was constructed with and, when the class
   defines no ``get_config``, serializes them with Keras' own serialization
@@ -12,8 +18,6 @@ attributes. ``CustomModel`` saves such code as it is; :class:`ConfigsFromArgumen
 * records the arguments of a ``compile`` with a signature of its own, saves
   them as the compile config, and re-runs that ``compile`` when the model is
   loaded; ``CustomModel.compile`` re-runs from Keras' own config.
-
-The state Keras leaves out of the weights file is :mod:`custom_fit._extra_state`'s.
 """
 
 from __future__ import annotations
@@ -25,11 +29,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from custom_fit import _compat
+from custom_fit import _extra_state as extra_state
 from custom_fit._compat import keras
 from custom_fit._host import Host
 from custom_fit._state import state_of
 
-__all__ = ["ConfigsFromArguments"]
+__all__ = ["Saving"]
 
 # Wraps a Keras object inside a config of captured arguments.
 _KERAS_OBJECT = "__custom_fit_keras_object__"
@@ -202,8 +207,8 @@ def _rebuild_lazy_sub_layers(model: Any, layer: Any, config: dict[str, Any], sav
     )
 
 
-class ConfigsFromArguments(Host):
-    """Makes ``CustomModel``'s configs from the arguments its constructor and ``compile`` received.
+class Saving(Host):
+    """``CustomModel``'s configs, made from the arguments its constructor and ``compile`` received, and its variables.
 
     **Constructor.** Keras serializes a subclassed model's constructor
     arguments only when all are plain values; sub-models (the usual GAN, VAE
@@ -217,6 +222,10 @@ class ConfigsFromArguments(Host):
     keras.io GAN's ``compile(d_optimizer, g_optimizer, loss_fn)``) gets them
     recorded; they are saved as the compile config and ``load_model`` calls
     that ``compile`` again with them. (Keras warns and leaves such a model uncompiled.)
+
+    **Variables.** Seed generator states, untracked variables and the named
+    optimizers' assignments are saved with the model's own variables
+    (:mod:`custom_fit._extra_state`).
     """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
@@ -328,6 +337,29 @@ class ConfigsFromArguments(Host):
         _compat.mark_built_if_complete(self)
         if self.optimizer is not None and self.built:
             _compat.build_optimizer(self.optimizer, self.trainable_variables)
+
+    def save_own_variables(self, store: Any) -> None:
+        """Saves the model's own variables and the state Keras leaves out (:mod:`custom_fit._extra_state`).
+
+        Called by ``model.save``, ``save_weights``, ``ModelCheckpoint`` and
+        ``BackupAndRestore``. Unlike ``keras.Model``, seed generator states,
+        untracked variables and the named optimizers' variables are saved too,
+        so a run resumed from a file continues exactly like an uninterrupted one.
+        """
+        super().save_own_variables(store)
+        extra_state.save(self, store)
+
+    def load_own_variables(self, store: Any) -> None:
+        """Loads what :meth:`save_own_variables` saved (files without some of it load too).
+
+        Raises:
+            ValueError: The file holds a value for a ``tf.Variable`` this model
+                does not have (yet): one created in ``call``, or code changed
+                since the file was written.
+        """
+        keras_own, parts = extra_state.split(store)
+        super().load_own_variables(keras_own)
+        extra_state.load(self, parts)
 
 
 def _binds(function: Callable[..., Any], config: Mapping[str, Any]) -> bool:

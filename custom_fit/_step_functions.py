@@ -17,7 +17,6 @@ import tensorflow as tf
 
 from custom_fit import _compat
 from custom_fit import _distribution as distribution
-from custom_fit._host import Host
 from custom_fit._logged_values import flat_logs
 from custom_fit._optimizers import NamedOptimizers
 from custom_fit._state import state_of
@@ -25,8 +24,15 @@ from custom_fit._state import state_of
 __all__ = ["StepFunctions"]
 
 
-class StepFunctions(Host):
-    """Gives ``CustomModel`` the ``make_*_function`` methods Keras' ``fit``/``evaluate``/``predict`` call."""
+class StepFunctions(_compat.TrainerHooks):
+    """Gives ``CustomModel`` the ``make_*_function`` methods Keras' ``fit``/``evaluate``/``predict`` call.
+
+    It builds on :class:`custom_fit._compat.TrainerHooks` (the private trainer
+    methods of the Keras in use that custom_fit replaces); on Keras 3,
+    :class:`custom_fit._loop.Loop` builds on it in turn. Together they are
+    ``CustomModel``'s trainer, layered as Keras' own (``TensorFlowTrainer`` on
+    ``Trainer``).
+    """
 
     def make_train_function(self, force: bool = False) -> Callable[..., Any]:
         """Builds ``self.train_function`` around ``train_step`` (logs flattened, step checked).
