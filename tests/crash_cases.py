@@ -179,6 +179,7 @@ def plain_py_dataset_input() -> dict[str, Any]:
 
 INPUTS: dict[str, Callable[[], dict[str, Any]]] = {
     "arrays": array_input,
+    "ordered_arrays": lambda: {**array_input(), "shuffle": False},
     "tf_data": tf_data_input,
     "repeated_tf_data": repeated_tf_data_input,
     "py_dataset": py_dataset_input,
@@ -192,14 +193,10 @@ INPUTS: dict[str, Callable[[], dict[str, Any]]] = {
 # --------------------------------------------------------------------------
 
 
-def dropout_model(steps_per_execution: int | str = 1) -> keras.Model:
+def dropout_model(steps_per_execution: int | str = 1, dropout: bool = True) -> keras.Model:
+    dropout_layers = [keras.layers.Dropout(0.3)] if dropout else []
     model = custom_fit.CustomSequential(
-        [
-            keras.Input((6,)),
-            keras.layers.Dense(16, activation="relu"),
-            keras.layers.Dropout(0.3),
-            keras.layers.Dense(1),
-        ]
+        [keras.Input((6,)), keras.layers.Dense(16, activation="relu"), *dropout_layers, keras.layers.Dense(1)]
     )
     model.compile(
         optimizer=keras.optimizers.Adam(1e-2), loss="mse", metrics=["mae"], steps_per_execution=steps_per_execution
@@ -281,18 +278,25 @@ SCENARIOS: dict[str, tuple[Callable[[], keras.Model], str]] = {
     "gan_hinge_tf_data": (lambda: gan_model("hinge"), "tf_data"),
     "gan_wgan_gp_py_dataset": (lambda: gan_model("wgan-gp"), "py_dataset"),
 }
+#: Keras 2's resume is exact for these too: no layer draws random numbers (tf_keras' layers draw
+#: from TensorFlow's global generator, which no Keras 2 file format saves), and the data are the
+#: same batches in the same order every epoch (tf_keras' loop starts a resumed fit's data afresh).
+DETERMINISTIC_SCENARIOS: dict[str, tuple[Callable[[], keras.Model], str]] = {
+    "dense_ordered_arrays": (lambda: dropout_model(dropout=False), "ordered_arrays"),
+}
 #: Scenarios under a tf.distribute strategy, backed up at the end of each epoch.
 STRATEGY_SCENARIOS: dict[str, tuple[Callable[[], keras.Model], str]] = {
     "keras_io_gan_mirrored": (keras_io_gan_mirrored, "keras_io_gan"),
 }
 
 
-def cluster_input(strategy: tf.distribute.Strategy) -> dict[str, Any]:
-    """The repeated, seeded shuffle of ``repeated_tf_data_input``, each worker reading its shard."""
+def cluster_input(strategy: tf.distribute.Strategy, shuffle: bool = True) -> dict[str, Any]:
+    """The repeated, seeded shuffle of ``repeated_tf_data_input`` (or no shuffle), each worker reading its shard."""
     x, y = arrays()
 
     def shard(context: tf.distribute.InputContext) -> tf.data.Dataset:
-        dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(SAMPLES, seed=7).repeat()
+        dataset = tf.data.Dataset.from_tensor_slices((x, y))
+        dataset = (dataset.shuffle(SAMPLES, seed=7) if shuffle else dataset).repeat()
         dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
         return dataset.batch(context.get_per_replica_batch_size(BATCH))
 
@@ -320,7 +324,7 @@ def variables_of(model: keras.Model) -> list[np.ndarray]:
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("scenario", choices=sorted({**SCENARIOS, **STRATEGY_SCENARIOS}))
+    parser.add_argument("scenario", choices=sorted({**SCENARIOS, **DETERMINISTIC_SCENARIOS, **STRATEGY_SCENARIOS}))
     parser.add_argument("backup_dir")
     parser.add_argument("result")
     parser.add_argument("--save-freq", default=None)
@@ -328,7 +332,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--ports", help="the cluster's ports on 127.0.0.1, comma-separated")
     args = parser.parse_args(argv)
 
-    build, input_kind = {**SCENARIOS, **STRATEGY_SCENARIOS}[args.scenario]
+    build, input_kind = {**SCENARIOS, **DETERMINISTIC_SCENARIOS, **STRATEGY_SCENARIOS}[args.scenario]
     if args.worker is None:
         keras.utils.set_random_seed(1)
         model = build()
@@ -338,7 +342,7 @@ def main(argv: list[str]) -> None:
         keras.utils.set_random_seed(1)
         with strategy.scope():
             model = build()
-        inputs = cluster_input(strategy)
+        inputs = cluster_input(strategy, shuffle=input_kind != "ordered_arrays")
     if isinstance(model, custom_fit.GAN):
         inputs = _x_only(inputs)
     frequency = args.save_freq or ("epoch" if args.scenario in STRATEGY_SCENARIOS else "5")

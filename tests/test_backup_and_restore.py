@@ -624,8 +624,9 @@ def _run_cluster(
     kill: tuple[tuple[int, ...], str, int] | None = None,
     send: int = signal.SIGKILL,
     save_freq: str = "5",
+    scenario: str = "dropout_arrays",
 ) -> tuple[list[int], list[int]]:
-    """Runs ``dropout_arrays`` as two workers on 127.0.0.1 sharing ``workdir/backup``; their exit statuses and steps.
+    """Runs ``scenario`` as two workers on 127.0.0.1 sharing ``workdir/backup``; their exit statuses and steps.
 
     ``kill=(workers, kind, n)``: send ``send`` to those workers at the ``n``-th ``kind`` of
     ``TRIGGERS`` (``"step"``: after their ``n``-th step; ``"write"``, ``"restore"``: inside it). When a worker
@@ -639,7 +640,7 @@ def _run_cluster(
     workers = []
     for index in range(2):
         options = ("--worker", str(index), "--ports", ports, "--save-freq", save_freq)
-        command = _scenario_command(workdir, "dropout_arrays", *options, result=f"result_w{index}.npz")
+        command = _scenario_command(workdir, scenario, *options, result=f"result_w{index}.npz")
         with open(workdir / f"stderr_w{index}.txt", "w") as stderr:
             workers.append(
                 subprocess.Popen(
@@ -742,6 +743,26 @@ def test_a_sigterm_saves_the_cluster_at_one_step_and_the_restart_resumes_there(
     assert statuses == [0, 0], (tmp_path / "stderr_w0.txt").read_text()[-3000:]
     assert steps == [90 - trained_before] * 2  # the restart trains only what was not trained
     _assert_cluster_equals(uninterrupted_cluster, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.keras2
+@pytest.mark.xdist_group("multi_worker")
+def test_a_keras_2_cluster_resumes_at_the_epoch_after_a_sigkill_or_a_sigterm(tmp_path: Path) -> None:
+    """Keras 2 backs up at epoch ends: one backup_dir, a kill or a preemption, a restart equal to no interruption."""
+    runs = {name: tmp_path / name for name in ("uninterrupted", "sigkill", "sigterm")}
+    for workdir in runs.values():
+        workdir.mkdir()
+    options: dict[str, Any] = {"save_freq": "epoch", "scenario": "dense_ordered_arrays"}
+    assert _run_cluster(runs["uninterrupted"], **options)[0] == [0, 0]
+    assert _run_cluster(runs["sigkill"], kill=((1,), "step", 33), **options)[0] == [-signal.SIGKILL] * 2
+    statuses, _ = _run_cluster(runs["sigterm"], kill=((0,), "step", 33), send=signal.SIGTERM, **options)
+    assert statuses == [PREEMPTION_EXIT_CODE] * 2, (runs["sigterm"] / "stderr_w0.txt").read_text()[-3000:]
+    for name in ("sigkill", "sigterm"):
+        statuses, steps = _run_cluster(runs[name], **options)
+        assert statuses == [0, 0], (runs[name] / "stderr_w0.txt").read_text()[-3000:]
+        assert steps == [90 - 2 * crash_cases.SAMPLES // crash_cases.BATCH] * 2  # resumed at epoch 3's start
+        _assert_cluster_equals(runs["uninterrupted"], runs[name])
 
 
 @pytest.mark.slow
