@@ -19,14 +19,13 @@ from typing import Any
 __all__ = ["RENAMED", "register_aliases"]
 
 #: Old public module -> its private module (custom_fit 0.3).
-RENAMED = {"fit_loop": "_loop"} | {
+RENAMED = {"fit_loop": "_loop", "configs": "_saving"} | {
     name: f"_{name}"
     for name in (
         "backup_and_restore",
         "backup_store",
         "callbacks",
         "compiled",
-        "configs",
         "diagnostics",
         "distribution",
         "extra_state",

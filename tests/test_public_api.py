@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pkgutil
 
 import numpy as np
@@ -11,6 +12,7 @@ import tensorflow as tf
 
 import custom_fit
 from custom_fit import keras, random
+from custom_fit._deprecated import RENAMED
 
 #: The modules a user imports by name; every other module is private (a leading underscore).
 PUBLIC_MODULES = {"gan", "gan_samples", "random"}
@@ -37,6 +39,12 @@ def test_a_0_2_import_path_still_works_and_names_the_new_one(old, name):
     assert value is getattr(custom_fit, name)
     with pytest.warns(DeprecationWarning, match=f"{old} is deprecated"):  # the attribute path of the package too
         assert getattr(getattr(custom_fit, old.split(".")[1]), name) is value
+
+
+@pytest.mark.parametrize(("old", "new"), sorted(RENAMED.items()))
+def test_every_0_2_path_leads_to_a_module_that_exists(old: str, new: str) -> None:
+    """A module renamed again (``_configs`` became ``_saving``) must take its alias along."""
+    assert importlib.util.find_spec(f"custom_fit.{new}") is not None, f"custom_fit.{old} -> custom_fit.{new}"
 
 
 def test_a_0_2_path_to_a_private_name_says_it_is_private():
