@@ -285,8 +285,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         if self.save_before_preemption:
             # After the strategy exists: its coordination service installs a SIGTERM handler of its own.
             self._notice = PreemptionNotice(_fit_frame())
-            self._notice.install()
-            if _has_several_workers(self.model.distribute_strategy):
+            if self._notice.install() and _has_several_workers(self.model.distribute_strategy):
                 self._cluster = ClusterAgreement(self.model.distribute_strategy, self._notice)
         self._resume = self._store.load_latest(self._load)
         _compat.set_initial_epoch(self.model, self._resume.epoch if self._resume else None)

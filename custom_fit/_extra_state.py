@@ -2,9 +2,10 @@
 
 ``model.save``, ``save_weights``, ``ModelCheckpoint`` and both
 ``BackupAndRestore``s write a model's variables through its
-``save_own_variables``. :class:`custom_fit._saving.Saving` adds entries (with
-:func:`save`) for what Keras would leave out, so that a model restored from any of those files continues
-exactly like the one that was saved. Each kind of state is one
+``save_own_variables``. :class:`custom_fit._saving.Saving` adds entries
+(with :func:`save`) for what Keras would leave out, so that a model restored
+from any of those files continues exactly like the one that was saved. Each
+kind of state is one
 :class:`ExtraState` (a key prefix, a save function, a load function):
 
 * **optimizer assignment:** which model variables each named optimizer

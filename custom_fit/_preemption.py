@@ -37,7 +37,7 @@ import tensorflow as tf
 
 from custom_fit import _compat
 
-__all__ = ["PREEMPTION_EXIT_CODE", "Boundary", "ClusterAgreement", "PreemptionNotice"]
+__all__ = ["EPOCH_END", "PREEMPTION_EXIT_CODE", "Boundary", "ClusterAgreement", "PreemptionNotice"]
 
 #: The exit status after a save on ``SIGTERM``: 128 + 15, what a shell reports for a process
 #: ``SIGTERM`` ended (TensorFlow's preemption handling uses it on Google Cloud too). Any
