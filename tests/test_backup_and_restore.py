@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
@@ -619,14 +619,28 @@ def test_sigterm_after_fit_ends_the_process_as_before() -> None:
 # --------------------------------------------------------------------------
 
 
+class ClusterRun(NamedTuple):
+    """What ``_run_cluster`` saw of a two-worker run.
+
+    Attributes:
+        statuses: Each worker's exit status.
+        steps: How many steps each worker trained.
+        seconds_to_exit: From the first signal sent to the last worker's exit (``None``: no signal).
+    """
+
+    statuses: list[int]
+    steps: list[int]
+    seconds_to_exit: float | None
+
+
 def _run_cluster(
     workdir: Path,
     kill: tuple[tuple[int, ...], str, int] | None = None,
     send: int = signal.SIGKILL,
     save_freq: str = "5",
     scenario: str = "dropout_arrays",
-) -> tuple[list[int], list[int]]:
-    """Runs ``scenario`` as two workers on 127.0.0.1 sharing ``workdir/backup``; their exit statuses and steps.
+) -> ClusterRun:
+    """Runs ``scenario`` as two workers on 127.0.0.1 sharing ``workdir/backup``, until both exit.
 
     ``kill=(workers, kind, n)``: send ``send`` to those workers at the ``n``-th ``kind`` of
     ``TRIGGERS`` (``"step"``: after their ``n``-th step; ``"write"``, ``"restore"``: inside it). When a worker
@@ -648,6 +662,8 @@ def _run_cluster(
                 )
             )
     seen = [collections.Counter[str](), collections.Counter[str]()]
+    sent: list[float] = []
+    exited = [0.0, 0.0]
 
     def watch(index: int) -> None:
         for output in workers[index].stdout or ():
@@ -657,7 +673,10 @@ def _run_cluster(
                 if output.strip() == line and seen[index][line] == kill[2]:
                     time.sleep(delay)
                     workers[index].send_signal(send)
-        if workers[index].wait() not in (0, PREEMPTION_EXIT_CODE):
+                    sent.append(time.monotonic())
+        status = workers[index].wait()
+        exited[index] = time.monotonic()
+        if status not in (0, PREEMPTION_EXIT_CODE):
             workers[1 - index].kill()
 
     watchers = [threading.Thread(target=watch, args=(index,)) for index in range(2)]
@@ -666,7 +685,8 @@ def _run_cluster(
     try:
         for watcher in watchers:
             watcher.join(timeout=600)
-        return [worker.wait(timeout=60) for worker in workers], [counts["STEP"] for counts in seen]
+        statuses = [worker.wait(timeout=60) for worker in workers]
+        return ClusterRun(statuses, [counts["STEP"] for counts in seen], max(exited) - min(sent) if sent else None)
     finally:
         for worker in workers:
             worker.kill()
@@ -679,7 +699,7 @@ def _run_cluster(
 def uninterrupted_cluster(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The directory of one uninterrupted two-worker run (its ``result_w0.npz``, ``result_w1.npz``)."""
     reference = tmp_path_factory.mktemp("uninterrupted_cluster")
-    statuses, _ = _run_cluster(reference)
+    statuses = _run_cluster(reference).statuses
     assert statuses == [0, 0], (reference / "stderr_w0.txt").read_text()[-3000:]
     assert not (reference / "backup").exists(), "the chief deletes the backups at the end"
     return reference
@@ -709,9 +729,9 @@ def test_a_cluster_shares_one_backup_dir_and_survives_a_sigkill_of_either_worker
         (0, "step", 20),  # the chief, a few steps into the restart
     ]
     for victim, kind, n in kills:
-        statuses, _ = _run_cluster(tmp_path, kill=((victim,), kind, n))
+        statuses = _run_cluster(tmp_path, kill=((victim,), kind, n)).statuses
         assert statuses == [-signal.SIGKILL] * 2, (victim, kind, n, (tmp_path / "stderr_w0.txt").read_text()[-3000:])
-    statuses, _ = _run_cluster(tmp_path)
+    statuses = _run_cluster(tmp_path).statuses
     assert statuses == [0, 0], (tmp_path / "stderr_w0.txt").read_text()[-3000:]
     _assert_cluster_equals(uninterrupted_cluster, tmp_path)
 
@@ -724,7 +744,7 @@ def test_a_sigterm_saves_the_cluster_at_one_step_and_the_restart_resumes_there(
     signalled: tuple[int, ...], tmp_path: Path, uninterrupted_cluster: Path
 ) -> None:
     """save_freq="epoch": all workers save at the step after the signalled one's next, exit 143; nothing is lost."""
-    statuses, _ = _run_cluster(tmp_path, kill=(signalled, "step", 33), send=signal.SIGTERM, save_freq="epoch")
+    statuses, _, seconds = _run_cluster(tmp_path, kill=(signalled, "step", 33), send=signal.SIGTERM, save_freq="epoch")
     stderrs = [(tmp_path / f"stderr_w{index}.txt").read_text() for index in range(2)]
     assert statuses == [PREEMPTION_EXIT_CODE] * 2, [stderr[-3000:] for stderr in stderrs]
     pattern = r"custom_fit.BackupAndRestore: ([^;]+); saved a backup at epoch (\d+), step (\d+) in "
@@ -736,10 +756,13 @@ def test_a_sigterm_saves_the_cluster_at_one_step_and_the_restart_resumes_there(
     assert chief.groups()[1:] == worker.groups()[1:], "the workers saved at different steps"
     epoch, step = int(chief[2]), int(chief[3])
     trained_before = (epoch - 1) * (crash_cases.SAMPLES // crash_cases.BATCH) + step
-    print(f"\ncluster SIGTERM after step 33 of workers {signalled}: both saved after step {trained_before}")
+    print(
+        f"\ncluster SIGTERM after step 33 of workers {signalled}: both saved after step {trained_before}, "
+        f"both exited {seconds:.2f} s after the signal"
+    )
     # The signalled worker proposes at its next boundary and both save at the one after: one step later.
     assert trained_before in (34, 35), trained_before
-    statuses, steps = _run_cluster(tmp_path)
+    statuses, steps, _ = _run_cluster(tmp_path)
     assert statuses == [0, 0], (tmp_path / "stderr_w0.txt").read_text()[-3000:]
     assert steps == [90 - trained_before] * 2  # the restart trains only what was not trained
     _assert_cluster_equals(uninterrupted_cluster, tmp_path)
@@ -754,12 +777,12 @@ def test_a_keras_2_cluster_resumes_at_the_epoch_after_a_sigkill_or_a_sigterm(tmp
     for workdir in runs.values():
         workdir.mkdir()
     options: dict[str, Any] = {"save_freq": "epoch", "scenario": "dense_ordered_arrays"}
-    assert _run_cluster(runs["uninterrupted"], **options)[0] == [0, 0]
-    assert _run_cluster(runs["sigkill"], kill=((1,), "step", 33), **options)[0] == [-signal.SIGKILL] * 2
-    statuses, _ = _run_cluster(runs["sigterm"], kill=((0,), "step", 33), send=signal.SIGTERM, **options)
+    assert _run_cluster(runs["uninterrupted"], **options).statuses == [0, 0]
+    assert _run_cluster(runs["sigkill"], kill=((1,), "step", 33), **options).statuses == [-signal.SIGKILL] * 2
+    statuses = _run_cluster(runs["sigterm"], kill=((0,), "step", 33), send=signal.SIGTERM, **options).statuses
     assert statuses == [PREEMPTION_EXIT_CODE] * 2, (runs["sigterm"] / "stderr_w0.txt").read_text()[-3000:]
     for name in ("sigkill", "sigterm"):
-        statuses, steps = _run_cluster(runs[name], **options)
+        statuses, steps, _ = _run_cluster(runs[name], **options)
         assert statuses == [0, 0], (runs[name] / "stderr_w0.txt").read_text()[-3000:]
         assert steps == [90 - 2 * crash_cases.SAMPLES // crash_cases.BATCH] * 2  # resumed at epoch 3's start
         _assert_cluster_equals(runs["uninterrupted"], runs[name])
@@ -773,7 +796,7 @@ def test_another_run_on_a_clusters_backup_dir_is_refused(tmp_path: Path) -> None
     other = BackupStore(tmp_path / "backup")
     other.acquire()
     try:
-        statuses, _ = _run_cluster(tmp_path)
+        statuses = _run_cluster(tmp_path).statuses
     finally:
         other.release()
     assert statuses[0] != 0
