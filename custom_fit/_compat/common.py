@@ -22,6 +22,8 @@ __all__ = [
     "CountingCall",
     "UntrackedVariable",
     "batch_size_of",
+    "cluster_key_get",
+    "cluster_key_insert",
     "dataset_without_autotuning",
     "explain_xla_errors",
     "find_untracked_variables",
