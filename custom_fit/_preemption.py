@@ -154,9 +154,8 @@ class ClusterAgreement:
         self._me = f"{strategy.cluster_resolver.task_type}/{strategy.cluster_resolver.task_id}"
         self._key = f"custom_fit/preemption/fit_{next(_fits)}"
         self._notice = notice
-        self._agreed: Boundary | None = None
+        self._agreed: Boundary | None = None  # set once, by the watcher, before it acknowledges
         self._proposed = False
-        self._recorded = threading.Event()
         self._stopped = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="custom_fit preemption watcher", daemon=True)
         self._watcher.start()
@@ -178,7 +177,7 @@ class ClusterAgreement:
 
     def due(self, boundary: Boundary) -> bool:
         """Whether the workers agreed to save at ``boundary`` (or before it: this is the first one after)."""
-        return self._recorded.is_set() and self._agreed is not None and boundary > self._agreed
+        return self._agreed is not None and boundary > self._agreed
 
     def stop(self) -> None:
         """Ends the watcher (at its next poll, within a second)."""
@@ -192,7 +191,6 @@ class ClusterAgreement:
                 return
             if value is not None:
                 epoch, step = (int(part) for part in value.split(","))
-                self._agreed = (epoch, step)
-                self._recorded.set()  # before the acknowledgement: the proposer then trains on
+                self._agreed = (epoch, step)  # before the acknowledgement: the proposer then trains on
                 _compat.cluster_key_insert(f"{self._key}/recorded/{self._me}", "1")
                 return
