@@ -104,8 +104,8 @@ def split(store: Any) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     parts = {
         part.prefix: {k[len(part.prefix) :]: store[k] for k in keys if k.startswith(part.prefix)} for part in PARTS
     }
-    taken = {part.prefix + key for part in PARTS for key in parts[part.prefix]}
-    return {k: store[k] for k in keys if k not in taken}, parts
+    prefixes = tuple(part.prefix for part in PARTS)
+    return {k: store[k] for k in keys if not k.startswith(prefixes)}, parts
 
 
 def load(model: Any, parts: Mapping[str, Mapping[str, Any]]) -> None:
