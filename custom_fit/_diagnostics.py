@@ -15,7 +15,7 @@ once per batch.
 from __future__ import annotations
 
 import contextlib
-import threading
+import dataclasses
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from custom_fit import _compat
 from custom_fit._optimizers import NamedOptimizers
+from custom_fit._per_replica import PerReplica
 
 __all__ = [
     "MissingGradientWarning",
@@ -69,11 +70,19 @@ class UntrackedVariableWarning(UserWarning):
     """
 
 
+@dataclasses.dataclass
+class _Trace:
+    """What one replica's trace of the training step did: the named optimizers and variables it used."""
+
+    used_optimizers: set[str] = dataclasses.field(default_factory=set)
+    minimized: set[int] = dataclasses.field(default_factory=set)
+
+
 class StepDiagnostics:
     """Records what one model's training step does while it is traced, and reports misuse.
 
-    The records are per thread: under ``MirroredStrategy`` each replica traces
-    the step in a thread of its own.
+    The records are per replica (:class:`~custom_fit._per_replica.PerReplica`):
+    under ``MirroredStrategy`` the replicas trace the step at the same time.
 
     Args:
         model: The model whose step is checked (used for names in messages).
@@ -81,7 +90,7 @@ class StepDiagnostics:
 
     def __init__(self, model: Any):
         self._model = model
-        self._trace = threading.local()
+        self._trace: PerReplica[_Trace] = PerReplica(_Trace)
         self._reported: set[Any] = set()
 
     # -- recording ------------------------------------------------------------
@@ -96,24 +105,24 @@ class StepDiagnostics:
         and about trainable ``tf.Variable``s it reads that Keras 3 does not
         track (no optimizer updates them).
         """
-        self._trace.used_optimizers, self._trace.minimized = set(), set()
+        self._trace.set(_Trace())
         with _compat.counting_regularizer_calls(self._model) as counters:
             calls_before = {key: counter.calls for key, counter in counters.items()}
             yield
             calls = {key: counter.calls - calls_before[key] for key, counter in counters.items()}
+        trace = self._trace.pop()
         self._check_untracked_variables()
-        self._check_unused_optimizers()
-        skipped = [key for key, count in calls.items() if key in self._trace.minimized and not count]
+        self._check_unused_optimizers(trace)
+        skipped = [key for key, count in calls.items() if key in trace.minimized and not count]
         if skipped:
             self._warn_unused_regularization(skipped)
 
     def record_minimize(self, optimizer_name: str | None, variables: Sequence[Any]) -> None:
         """Notes that the step updates ``variables`` (with named optimizer ``optimizer_name``)."""
-        if not hasattr(self._trace, "minimized"):  # minimize() outside fit(), e.g. in a test
-            self._trace.used_optimizers, self._trace.minimized = set(), set()
-        self._trace.minimized.update(id(v) for v in variables)
+        trace = self._trace.get()  # made here for minimize() outside fit(), e.g. in a test
+        trace.minimized.update(id(v) for v in variables)
         if optimizer_name is not None:
-            self._trace.used_optimizers.add(optimizer_name)
+            trace.used_optimizers.add(optimizer_name)
         if not variables:
             warnings.warn(
                 f"{type(self._model).__name__}.minimize() received no variables to "
@@ -193,15 +202,13 @@ class StepDiagnostics:
                 "in the layer's __init__ or build, or with keras.Variable(...).",
             )
 
-    def _check_unused_optimizers(self) -> None:
+    def _check_unused_optimizers(self, trace: _Trace) -> None:
         model = self._model
         group = model.optimizer
         if not isinstance(group, NamedOptimizers) or group.from_attributes:
             return
         names = list(group)
-        unused = [
-            name for name in names if name not in self._trace.used_optimizers and not _applied_in_trace(group[name])
-        ]
+        unused = [name for name in names if name not in trace.used_optimizers and not _applied_in_trace(group[name])]
         if unused:
             self.warn_once(
                 UnusedOptimizerWarning,

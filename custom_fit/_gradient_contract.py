@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import threading
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -41,6 +40,7 @@ import tensorflow as tf
 
 from custom_fit import _compat
 from custom_fit._diagnostics import GradsAndVars
+from custom_fit._per_replica import PerReplica
 
 __all__ = [
     "Handoff",
@@ -108,18 +108,21 @@ def true_gradients(optimizer: Any, grads_and_vars: GradsAndVars) -> tuple[GradsA
     return pairs, Handoff(optimizer, finite, summed=context is not None)
 
 
-_pending = threading.local()  # MirroredStrategy traces each replica's step in a thread of its own
+# The handoffs of the minimize() calls running, innermost last, per replica (they trace at once).
+_pending: PerReplica[list[Handoff]] = PerReplica(list)
 
 
 @contextlib.contextmanager
 def handing_over(handoff: Handoff) -> Iterator[Handoff]:
     """While inside, :func:`hand_over` to ``handoff.optimizer`` undoes what :func:`true_gradients` did."""
-    stack = _pending.__dict__.setdefault("stack", [])
+    stack = _pending.get()
     stack.append(handoff)
     try:
         yield handoff
     finally:
         stack.pop()
+        if not stack:
+            _pending.pop()
 
 
 def hand_over(optimizer: Any, grads_and_vars: GradsAndVars) -> None:
@@ -132,8 +135,10 @@ def hand_over(optimizer: Any, grads_and_vars: GradsAndVars) -> None:
     replicas. Elsewhere (a step that calls ``apply_gradients`` itself) they
     reach the optimizer as they are, as in Keras.
     """
-    stack = getattr(_pending, "stack", [])
+    stack = _pending.get()
     handoff = stack[-1] if stack and stack[-1].optimizer is optimizer else None
+    if not stack:
+        _pending.pop()
     if handoff is None:
         optimizer.apply_gradients(grads_and_vars)
         return

@@ -23,7 +23,6 @@ Nothing in this module is public API.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -34,6 +33,7 @@ from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
 from keras.src.saving import object_registration as _registration
 
 from custom_fit._compat.common import recording
+from custom_fit._per_replica import PerReplica
 
 __all__ = ["Keras2LossScaleAPI", "Keras2OptimizerAPI", "with_keras2_api"]
 
@@ -81,7 +81,9 @@ class Keras2OptimizerAPI:
         self.apply_gradients(zip(gradients, variables, strict=True))  # type: ignore[attr-defined]
 
 
-_unscaled = threading.local()  # MirroredStrategy traces each replica in a thread of its own
+# The ids of the optimizers whose get_unscaled_gradients() ran and whose apply_gradients() has
+# not yet, per replica (MirroredStrategy's replicas trace a step at the same time).
+_unscaled: PerReplica[set[int]] = PerReplica(set)
 
 
 class Keras2LossScaleAPI:
@@ -103,15 +105,18 @@ class Keras2LossScaleAPI:
 
     def get_unscaled_gradients(self, grads: Iterable[Any]) -> list[Any]:
         """The gradients divided by the loss scale; ``apply_gradients`` then takes them as Keras 2's does."""
-        _unscaled.__dict__.setdefault("pending", set()).add(id(self))
+        _unscaled.get().add(id(self))
         scale = self._scale()
         return [None if g is None else keras.ops.divide(g, scale) for g in grads]
 
     def apply_gradients(self, grads_and_vars: Iterable[Any], *args: Any, **kwargs: Any) -> Any:
         """Keras 3's ``apply_gradients``; gradients from :meth:`get_unscaled_gradients` are scaled back first."""
-        pending = _unscaled.__dict__.setdefault("pending", set())
-        if id(self) in pending:
-            pending.discard(id(self))
+        pending = _unscaled.get()
+        unscaled = id(self) in pending
+        pending.discard(id(self))
+        if not pending:
+            _unscaled.pop()
+        if unscaled:
             scale = self._scale()
             grads_and_vars = [(None if g is None else keras.ops.multiply(g, scale), v) for g, v in grads_and_vars]
         return super().apply_gradients(grads_and_vars, *args, **kwargs)  # type: ignore[misc]
