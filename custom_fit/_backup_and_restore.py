@@ -27,8 +27,8 @@ import json
 import os
 import sys
 import tempfile
+import warnings
 from pathlib import Path
-from types import FrameType
 from typing import Any, NoReturn
 
 import numpy as np
@@ -40,6 +40,7 @@ from custom_fit._compat import keras
 from custom_fit._loop import EpochPosition, fit_position
 from custom_fit._preemption import EPOCH_END, PREEMPTION_EXIT_CODE, Boundary, ClusterAgreement, PreemptionNotice
 from custom_fit._random_state import RandomState, random_state_arrays, random_states
+from custom_fit._state import running_fit, state_of
 
 __all__ = ["Backup", "BackupAndRestore"]
 
@@ -283,10 +284,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         if self._writes:
             self._store.acquire()
         if self.save_before_preemption:
-            # After the strategy exists: its coordination service installs a SIGTERM handler of its own.
-            self._notice = PreemptionNotice(_fit_frame())
-            if self._notice.install() and _has_several_workers(self.model.distribute_strategy):
-                self._cluster = ClusterAgreement(self.model.distribute_strategy, self._notice)
+            self._arm_preemption_notice()
         self._resume = self._store.load_latest(self._load)
         _compat.set_initial_epoch(self.model, self._resume.epoch if self._resume else None)
         self._hook_states = list(self._resume.hook_states) if self._resume else []
@@ -294,6 +292,31 @@ class BackupAndRestore(keras.callbacks.Callback):
             self._position.resume = self._resume
             self._position.hook_states = self._hook_states
         self._unsaved_steps = 0
+
+    def _arm_preemption_notice(self) -> None:
+        """Catches ``SIGTERM`` while the ``fit`` running now runs (``on_train_begin``, after the strategy exists).
+
+        After the strategy exists: its coordination service installs a
+        ``SIGTERM`` handler of its own. The notice asks the model's record of
+        the running ``fit`` whether ``fit`` still runs; a model whose ``fit``
+        custom_fit does not run (a plain ``keras.Model``) has none, so its
+        ``SIGTERM`` keeps Python's meaning, with a warning.
+        """
+        fit_call = running_fit(self.model)
+        if fit_call is None:
+            warnings.warn(
+                f"custom_fit.BackupAndRestore(save_before_preemption=True) saves on SIGTERM in the fit of a "
+                f"custom_fit model, but the model is a {type(self.model).__name__}: a SIGTERM ends this run as "
+                "in plain Keras, and it resumes from the last backup. Fix: use custom_fit.CustomModel or "
+                "custom_fit.CustomSequential, or pass save_before_preemption=False.",
+                UserWarning,
+                stacklevel=3,
+            )
+            return
+        model = self.model
+        self._notice = PreemptionNotice(lambda: any(call is fit_call for call in state_of(model).loop_calls))
+        if self._notice.install() and _has_several_workers(model.distribute_strategy):
+            self._cluster = ClusterAgreement(model.distribute_strategy, self._notice)
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         """Restores the metrics and the random state in the resumed epoch; remembers the random state."""
@@ -479,14 +502,6 @@ class BackupAndRestore(keras.callbacks.Callback):
             adapter.on_epoch_begin()
             end.restore()
             adapter.on_epoch_end()
-
-
-def _fit_frame() -> FrameType:
-    """The frame of the innermost ``fit`` running (``on_train_begin`` is called from it)."""
-    frame = sys._getframe(1)
-    while frame.f_code.co_name != "fit" and frame.f_back is not None:
-        frame = frame.f_back
-    return frame
 
 
 def _has_several_workers(strategy: tf.distribute.Strategy) -> bool:

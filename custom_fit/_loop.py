@@ -34,9 +34,8 @@ steps per execution from a variable before every execution.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-from collections.abc import Callable, Iterator
-from typing import Any, Literal, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import tensorflow as tf
 
@@ -44,10 +43,10 @@ from custom_fit import _compat
 from custom_fit._callbacks import LazyCallbackList
 from custom_fit._compat import keras
 from custom_fit._random_state import RandomState
-from custom_fit._state import state_of
+from custom_fit._state import LoopCall, state_of
 from custom_fit._step_functions import StepFunctions
 
-__all__ = ["EpochPosition", "Loop", "LoopCall", "ResumePoint", "fit_position"]
+__all__ = ["EpochPosition", "Loop", "ResumePoint", "fit_position"]
 
 
 class ResumePoint(Protocol):
@@ -57,28 +56,6 @@ class ResumePoint(Protocol):
     iterator: int  # which data iterator, counted from fit's start, that step reads from
     skip: int  # how many of its batches were read before that step
     data_epoch: int | None  # the data adapter's count of ended epochs (Keras >= 3.16)
-
-
-@dataclasses.dataclass
-class LoopCall:
-    """One ``fit``, ``evaluate`` or ``predict`` call running on a model (Keras 3).
-
-    Attributes:
-        kind: The method.
-        position: ``fit`` only: where it reads its data.
-        validation: ``fit`` only: the epoch iterator of its validation data,
-            made at the first validation and kept until ``fit`` returns.
-    """
-
-    kind: Literal["fit", "evaluate", "predict"]
-    position: EpochPosition | None = None
-    validation: Any = None
-
-    def close_validation(self) -> None:
-        """Closes and drops the validation's epoch iterator (``fit`` ends)."""
-        if self.validation is not None:
-            self.validation.close()
-            self.validation = None
 
 
 class Loop(StepFunctions):
@@ -341,18 +318,6 @@ class Loop(StepFunctions):
             steps_per_execution=fixed,
             **data,
         )
-
-    @contextlib.contextmanager
-    def _running(self, call: LoopCall) -> Iterator[LoopCall]:
-        """Keeps ``call`` on the model's stack of running calls while it runs."""
-        state_of(self).loop_calls.append(call)
-        try:
-            yield call
-        finally:
-            state_of(self).loop_calls.pop()
-            call.close_validation()
-            if call.position is not None:
-                call.position.adapter = None  # it holds the data: not kept past fit, as in Keras
 
     def _callback_list(self, callbacks: Any, *, add_history: bool, verbose: Any, epochs: int, steps: Any) -> Any:
         """``callbacks`` if it is a ``CallbackList`` (the user's, or fit's for its validation), else a lazy one."""

@@ -30,6 +30,7 @@ import itertools
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -50,26 +51,26 @@ class PreemptionNotice:
     """Records a ``SIGTERM`` while the ``fit`` that installed it runs; otherwise passes it on.
 
     Python says nothing when ``fit`` ends by an exception (``on_train_end``
-    is skipped), so the handler looks at the main thread's stack: while the
-    ``fit`` frame it was installed from is on it, a ``SIGTERM`` is recorded
-    (:attr:`received`); after that it goes to the handler installed before,
-    or ends the process as Python's default does.
+    is skipped), so the notice asks ``fit_runs`` (a predicate the loop
+    answers: its record of the running ``fit`` is still there) whenever a
+    ``SIGTERM`` comes: while ``fit`` runs it is recorded (:attr:`received`);
+    after that it goes to the handler installed before, or ends the process
+    as Python's default does.
+
+    Args:
+        fit_runs: Whether the ``fit`` the notice belongs to still runs (asked
+            from the signal handler and from other threads).
 
     Example:
-        >>> import sys
-        >>> def fit():
-        ...     notice = PreemptionNotice(sys._getframe())
-        ...     notice.install()
-        ...     return notice
-        >>> notice = fit(); notice.received
-        False
+        >>> running = [True]
+        >>> notice = PreemptionNotice(lambda: running[0])
+        >>> notice.install(), notice.received
+        (True, False)
         >>> notice.uninstall()
     """
 
-    def __init__(self, fit_frame: FrameType):
-        # The frame's id and code, not the frame: holding it would keep fit's locals (its data
-        # iterators) alive after fit ended.
-        self._fit_frame = (id(fit_frame), fit_frame.f_code)
+    def __init__(self, fit_runs: Callable[[], bool]):
+        self.fit_runs = fit_runs
         self._previous: Any = None
         self._installed = False
         #: Whether a ``SIGTERM`` came while ``fit`` ran.
@@ -92,20 +93,8 @@ class PreemptionNotice:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if self._previous is None else self._previous)
             self._installed = False
 
-    def fit_runs(self) -> bool:
-        """Whether the ``fit`` that made this notice still runs in the main thread (asked from any thread)."""
-        return self._fit_runs(sys._current_frames().get(threading.main_thread().ident or 0))
-
-    def _fit_runs(self, frame: FrameType | None) -> bool:
-        """Whether the ``fit`` frame is on the stack that ``frame`` (the main thread's now) is the top of."""
-        while frame is not None:
-            if (id(frame), frame.f_code) == self._fit_frame:
-                return True
-            frame = frame.f_back
-        return False
-
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self._fit_runs(frame):
+        if self.fit_runs():
             self.received = True
             return
         self.uninstall()

@@ -16,19 +16,44 @@ constructor, because Keras itself calls into custom_fit (``steps_per_execution``
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from custom_fit import _compat
 from custom_fit._diagnostics import StepDiagnostics
 
 if TYPE_CHECKING:
     from custom_fit._logged_values import LoggedValues
-    from custom_fit._loop import LoopCall
+    from custom_fit._loop import EpochPosition
     from custom_fit._step_fusion import StepsPerExecutionTuner
 
-__all__ = ["ModelState", "state_of"]
+__all__ = ["LoopCall", "ModelState", "running_fit", "state_of"]
 
 _ATTRIBUTE = "_custom_fit"
+
+
+@dataclasses.dataclass(eq=False)  # a call is itself: two calls are never equal
+class LoopCall:
+    """One ``fit``, ``evaluate`` or ``predict`` call running on a model.
+
+    Keras 3 records every call (custom_fit runs the loop); Keras 2 records
+    ``fit`` (tf_keras runs the loop), and its ``position`` is ``None``.
+
+    Attributes:
+        kind: The method.
+        position: ``fit`` only: where it reads its data.
+        validation: ``fit`` only: the epoch iterator of its validation data,
+            made at the first validation and kept until ``fit`` returns.
+    """
+
+    kind: Literal["fit", "evaluate", "predict"]
+    position: EpochPosition | None = None
+    validation: Any = None
+
+    def close_validation(self) -> None:
+        """Closes and drops the validation's epoch iterator (``fit`` ends)."""
+        if self.validation is not None:
+            self.validation.close()
+            self.validation = None
 
 
 @dataclasses.dataclass(eq=False)
@@ -74,3 +99,10 @@ def state_of(model: Any) -> ModelState:
         state = ModelState(StepDiagnostics(model))
         _compat.set_untracked(model, _ATTRIBUTE, state)
     return state
+
+
+def running_fit(model: Any) -> LoopCall | None:
+    """The innermost custom_fit ``fit`` running on ``model`` now, or ``None`` (no ``fit``, or Keras' own)."""
+    state: ModelState | None = vars(model).get(_ATTRIBUTE)
+    fits = [call for call in state.loop_calls if call.kind == "fit"] if state is not None else []
+    return fits[-1] if fits else None

@@ -10,7 +10,8 @@ The fused, distributed loop itself is :func:`custom_fit._compat.make_step_functi
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import tensorflow as tf
@@ -19,7 +20,7 @@ from custom_fit import _compat
 from custom_fit import _distribution as distribution
 from custom_fit._logged_values import flat_logs
 from custom_fit._optimizers import NamedOptimizers
-from custom_fit._state import state_of
+from custom_fit._state import LoopCall, state_of
 
 __all__ = ["StepFunctions"]
 
@@ -33,6 +34,25 @@ class StepFunctions(_compat.TrainerHooks):
     ``CustomModel``'s trainer, layered as Keras' own (``TensorFlowTrainer`` on
     ``Trainer``).
     """
+
+    def fit(self, *args: Any, **kwargs: Any) -> Any:
+        # Keras 2: tf_keras' fit, recorded as a running call (Keras 3's Loop.fit records its own).
+        # While it runs, state_of(model).loop_calls holds it: custom_fit.BackupAndRestore asks it
+        # whether fit still runs, also after fit ended by an exception (no on_train_end).
+        with self._running(LoopCall("fit")):
+            return super().fit(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def _running(self, call: LoopCall) -> Iterator[LoopCall]:
+        """Keeps ``call`` on the model's stack of running calls while it runs."""
+        state_of(self).loop_calls.append(call)
+        try:
+            yield call
+        finally:
+            state_of(self).loop_calls.pop()
+            call.close_validation()
+            if call.position is not None:
+                call.position.adapter = None  # it holds the data: not kept past fit, as in Keras
 
     def make_train_function(self, force: bool = False) -> Callable[..., Any]:
         """Builds ``self.train_function`` around ``train_step`` (logs flattened, step checked).
@@ -116,6 +136,9 @@ class StepFunctions(_compat.TrainerHooks):
         """``test_step``; variables it creates under a strategy are created outside the replica context."""
         with distribution.variables_created_outside_replicas():
             return self.test_step(data)
+
+
+StepFunctions.fit.__doc__ = _compat.keras.Model.fit.__doc__  # Keras' documentation of the arguments
 
 
 def _steps_per_execution(model: Any) -> int:

@@ -241,6 +241,20 @@ def test_step_backups_need_a_custom_fit_model(tmp_path: Path) -> None:
         model.fit(np.zeros((4, 2)), np.zeros((4, 1)), callbacks=[custom_fit.BackupAndRestore(tmp_path, 2)], verbose=0)
 
 
+@pytest.mark.keras3
+def test_a_plain_keras_model_is_not_saved_on_sigterm_and_says_so(tmp_path: Path) -> None:
+    """Only a custom_fit model's fit keeps the record that tells the notice whether fit still runs."""
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    backup = custom_fit.BackupAndRestore(tmp_path)
+    handler = signal.getsignal(signal.SIGTERM)
+    with pytest.warns(UserWarning, match="a SIGTERM ends this run as in plain Keras.*Fix: use custom_fit.CustomModel"):
+        model.fit(np.zeros((4, 2)), np.zeros((4, 1)), callbacks=[backup], verbose=0)
+    assert signal.getsignal(signal.SIGTERM) is handler
+    quiet = custom_fit.BackupAndRestore(tmp_path / "quiet", save_before_preemption=False)
+    model.fit(np.zeros((4, 2)), np.zeros((4, 1)), callbacks=[quiet], verbose=0)  # no warning
+
+
 @pytest.mark.keras2
 def test_keras_2_backups_need_a_custom_fit_model(tmp_path: Path) -> None:
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])

@@ -135,6 +135,10 @@ def test_fit_before_compile_says_how_to_fix():
         model.fit(X, Y, verbose=0)
     with pytest.raises(ValueError, match=r"evaluate\(\) needs a compiled model"):
         model.evaluate(X, Y, verbose=0)
+    with pytest.raises(ValueError, match=r"CustomModel.train_on_batch\(\) needs a compiled model"):
+        model.train_on_batch(X[:4], Y[:4])
+    with pytest.raises(ValueError, match=r"CustomModel.test_on_batch\(\) needs a compiled model"):
+        model.test_on_batch(X[:4], Y[:4])
 
 
 def test_minimize_with_unknown_optimizer_name():

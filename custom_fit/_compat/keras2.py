@@ -23,7 +23,6 @@ import copy
 import functools
 import inspect
 import random
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -661,11 +660,13 @@ class TrainerHooks(Host):
 
     @functools.wraps(keras.Model.fit)
     def fit(self, *args: Any, **kwargs: Any) -> Any:
+        self._require_compiled("fit")
         with _arrays_without_autotuning(_data_adapter):
             return super().fit(*args, **kwargs)
 
     @functools.wraps(keras.Model.evaluate)
     def evaluate(self, *args: Any, **kwargs: Any) -> Any:
+        self._require_compiled("evaluate")
         with _arrays_without_autotuning(_data_adapter):
             return super().evaluate(*args, **kwargs)
 
@@ -674,10 +675,25 @@ class TrainerHooks(Host):
         with _arrays_without_autotuning(_data_adapter):
             return super().predict(*args, **kwargs)
 
-    def _assert_compile_was_called(self) -> None:
-        # Keras 2's message names neither the method, the model nor the fix.
+    @functools.wraps(keras.Model.train_on_batch)
+    def train_on_batch(self, *args: Any, **kwargs: Any) -> Any:
+        self._require_compiled("train_on_batch")
+        return super().train_on_batch(*args, **kwargs)
+
+    @functools.wraps(keras.Model.test_on_batch)
+    def test_on_batch(self, *args: Any, **kwargs: Any) -> Any:
+        self._require_compiled("test_on_batch")
+        return super().test_on_batch(*args, **kwargs)
+
+    def _require_compiled(self, method: str) -> None:
+        # Keras 2's message names neither the method, the model nor the fix; each method that
+        # needs compile() asks first, with its name (tf_keras' own check does not know it).
         if not self._is_compiled:
-            raise not_compiled_error(self, sys._getframe(1).f_code.co_name)  # fit, evaluate, train_on_batch, ...
+            raise not_compiled_error(self, method)
+
+    def _assert_compile_was_called(self) -> None:
+        if not self._is_compiled:  # any other tf_keras method that needs compile()
+            raise not_compiled_error(self, None)
 
     def get_config(self) -> dict[str, Any]:
         # Keras 2 writes a functional config only when `__init__`'s arguments
