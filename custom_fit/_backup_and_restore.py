@@ -15,7 +15,7 @@ no restart can read. This callback has Keras' signature and meaning, plus:
 A backup holds the weights file Keras writes (model, optimizer, and with
 ``CustomModel`` the random seed generator states), the metric variables,
 Python's and NumPy's global random states, and where ``fit`` is in its data:
-:class:`~custom_fit._loop.EpochPosition` (Keras 3) records which data iterator each batch comes
+:class:`~custom_fit._progress.EpochPosition` (Keras 3) records which data iterator each batch comes
 from; a resumed run makes and drops the iterators the interrupted run had
 made, then skips the batches it had trained on.
 """
@@ -37,8 +37,9 @@ import tensorflow as tf
 from custom_fit import _compat
 from custom_fit._backup_store import BackupStore
 from custom_fit._compat import keras
-from custom_fit._loop import EpochPosition, fit_position
+from custom_fit._loop import fit_position
 from custom_fit._preemption import EPOCH_END, PREEMPTION_EXIT_CODE, Boundary, ClusterAgreement, PreemptionNotice
+from custom_fit._progress import EpochPosition
 from custom_fit._random_state import RandomState, random_state_arrays, random_states
 from custom_fit._state import running_fit, state_of
 

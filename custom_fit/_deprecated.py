@@ -52,11 +52,9 @@ class _RenamedModule(types.ModuleType):
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
-        import custom_fit  # the package is loaded by the time an alias is read
-
         new = importlib.import_module(f"custom_fit.{self._custom_fit_new}")
         value = getattr(new, name)
-        public = name in custom_fit.__all__
+        public = name in sys.modules["custom_fit"].__all__  # loaded by the time an alias is read: no import
         instead = (
             f"`from custom_fit import {name}`" if public else f"`custom_fit.{self._custom_fit_new}.{name}` (private)"
         )

@@ -2,7 +2,7 @@
 
 ``CustomModel.log_values``, ``metrics`` and ``get_metrics_result`` call the
 functions here; the trackers live in the model's state (``compile()`` makes
-them, :meth:`LoggedValues.for_model`).
+them, :meth:`~custom_fit._value_trackers.LoggedValues.for_model`).
 
 A GAN or VAE step computes several losses (``d_loss``, ``g_loss``,
 ``kl_loss``). Returned as they are, ``fit()`` would show the last batch's
@@ -14,15 +14,14 @@ and callbacks see epoch means (``val_`` prefixed in validation), also under
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from custom_fit import _compat
-from custom_fit._compat import keras
 from custom_fit._state import state_of
+from custom_fit._value_trackers import LoggedValues
 
 __all__ = [
-    "LoggedValues",
     "add_to_loss_tracker",
     "flat_logs",
     "log",
@@ -30,35 +29,6 @@ __all__ = [
     "trackers_of",
     "with_trackers",
 ]
-
-
-class LoggedValues:
-    """One batch-size weighted ``Mean`` per name, made by ``compile()``.
-
-    ``"loss"`` is not tracked here when the model has Keras' own ``loss``
-    tracker: ``log_values(loss=...)`` updates that one.
-
-    Args:
-        names: The names a step may log.
-    """
-
-    def __init__(self, names: Sequence[str]):
-        self._trackers = {name: keras.metrics.Mean(name=name) for name in names}
-        #: What these trackers add to ``model.metrics`` (Keras resets and reads them there).
-        trackers = list(self._trackers.values())
-        self.metrics_entries: list[Any] = _compat.logged_value_entries(trackers) if trackers else []
-
-    @classmethod
-    def for_model(cls, model: Any) -> LoggedValues:
-        """The trackers ``model.logged_values`` needs (``"loss"`` goes to Keras' tracker if there is one)."""
-        has_loss_tracker = _compat.loss_tracker(model) is not None
-        return cls([name for name in model.logged_values if name != "loss" or not has_loss_tracker])
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._trackers
-
-    def __getitem__(self, name: str) -> Any:
-        return self._trackers[name]
 
 
 def trackers_of(model: Any) -> LoggedValues:

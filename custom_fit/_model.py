@@ -45,6 +45,7 @@ from custom_fit._loop import Loop
 from custom_fit._saving import Saving
 from custom_fit._state import state_of
 from custom_fit._step_functions import StepFunctions
+from custom_fit._value_trackers import LoggedValues
 
 __all__ = ["CustomModel", "CustomSequential"]
 
@@ -148,7 +149,7 @@ class CustomModel(
         state_of(self).steps_tuner = tuner
         if tuner is not None:
             _compat.record_compile_option(self, "steps_per_execution", step_fusion.AUTO)
-        state_of(self).logged_values = epoch_means.LoggedValues.for_model(self)
+        state_of(self).logged_values = LoggedValues.for_model(self)
 
     @property
     def steps_tuner(self) -> step_fusion.StepsPerExecutionTuner | None:

@@ -22,9 +22,9 @@ from custom_fit import _compat
 from custom_fit._diagnostics import StepDiagnostics
 
 if TYPE_CHECKING:
-    from custom_fit._logged_values import LoggedValues
-    from custom_fit._loop import EpochPosition
+    from custom_fit._progress import EpochPosition
     from custom_fit._step_fusion import StepsPerExecutionTuner
+    from custom_fit._value_trackers import LoggedValues
 
 __all__ = ["LoopCall", "ModelState", "running_fit", "state_of"]
 

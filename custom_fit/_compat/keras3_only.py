@@ -125,7 +125,7 @@ class EpochIterator(_TFEpochIterator):
       execution for its number of steps (``steps_per_execution="auto"``: the
       tuner's plan; otherwise a constant); each item is
       ``(first step, steps, Execution(iterator, steps))``;
-    * ``position`` (a :class:`custom_fit._loop.EpochPosition`) learns which
+    * ``position`` (a :class:`custom_fit._progress.EpochPosition`) learns which
       data iterator each batch comes from, and may start the first epoch
       where an interrupted run stopped: it makes and drops the iterators the
       run had made before (a seeded ``tf.data`` shuffle draws a new order for

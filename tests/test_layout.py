@@ -1,0 +1,91 @@
+"""The package's shape, as DESIGN.md fixes it: no import circle, no frame inspection, no ``threading.local``.
+
+Checked on the source (``ast``), so a change that brings one back fails here
+with the module and line, whichever Keras runs.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import custom_fit
+
+PACKAGE = Path(custom_fit.__file__).parent
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the package by its dotted name (a package by its own name)."""
+    modules = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = ("custom_fit", *path.relative_to(PACKAGE).with_suffix("").parts)
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package's modules that ``name`` imports anywhere (inside functions and ``TYPE_CHECKING`` too)."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parents = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parents, base] if base else parents)
+            found.update(f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return {m for m in found if m in modules and m != name}
+
+
+def _circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in sorted(edges[module]):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            component = stack[stack.index(module) :]
+            del stack[stack.index(module) :]
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for module in sorted(edges):
+        if module not in index:
+            visit(module)
+    return circles
+
+
+def test_no_import_circle_typing_only_imports_included() -> None:
+    modules = _modules()
+    edges = {name: _imports(name, path, modules) for name, path in modules.items()}
+    assert _circles(edges) == []
+
+
+def test_the_checker_finds_a_circle() -> None:
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_frame_inspection_and_no_thread_locals() -> None:
+    """State travels as arguments and objects the loop owns, not through stacks or threads."""
+    banned = {("sys", "_getframe"), ("sys", "_current_frames"), ("inspect", "stack"), ("inspect", "currentframe")}
+    banned |= {("threading", "local")}
+    found = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute):
+                owner = node.value.id if isinstance(node.value, ast.Name) else None
+                if node.attr == "f_back" or (owner, node.attr) in banned:
+                    found.append(f"{name}:{node.lineno} {owner}.{node.attr}")
+    assert found == []
