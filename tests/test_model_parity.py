@@ -191,6 +191,9 @@ MODEL_CASES = {
     "global_clipnorm": Case(
         mlp, arrays(), dict(CLASSIFY, optimizer=lambda: keras.optimizers.SGD(0.5, global_clipnorm=0.05)), validation()
     ),
+    "use_ema=True (averages swapped in when fit ends)": Case(
+        mlp, arrays(), dict(CLASSIFY, optimizer=lambda: keras.optimizers.Adam(use_ema=True)), validation()
+    ),
     "clipvalue": Case(
         mlp, arrays(), dict(CLASSIFY, optimizer=lambda: keras.optimizers.RMSprop(clipvalue=0.01)), validation()
     ),
