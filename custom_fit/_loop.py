@@ -139,7 +139,7 @@ class Loop(StepFunctions):
             for epoch in range(self._initial_epoch or initial_epoch, epochs):  # BackupAndRestore sets the former
                 self.reset_metrics()
                 callbacks.on_epoch_begin(epoch)
-                logs = self._run_epoch(
+                logs, stepped = self._run_epoch(
                     epoch_iterator,
                     lambda execution: self.train_function(execution),  # read per execution, as Keras does
                     callbacks.on_train_batch_begin,
@@ -147,8 +147,9 @@ class Loop(StepFunctions):
                     stopped=lambda: self.stop_training,
                     logs=logs,
                 )
-                # The metrics' results replace the last step's logs where they name the same values.
-                epoch_logs = dict(self._get_metrics_result_or_logs(logs))
+                # The metrics' results replace the last step's logs where they name the same values
+                # (after an epoch that ran no step, the logs are the epoch before's, as in Keras).
+                epoch_logs = dict(self._get_metrics_result_or_logs(logs, returned=stepped))
                 if validation_data is not None and self._should_eval(epoch, validation_freq):
                     if call.validation is None:
                         call.validation = self._epoch_iterator(
@@ -188,18 +189,24 @@ class Loop(StepFunctions):
         *,
         stopped: Callable[[], bool],
         logs: Any,
-    ) -> Any:
-        """Runs ``function`` on each execution of one epoch between the batch hooks; the last logs (or ``logs``)."""
+    ) -> tuple[Any, bool]:
+        """Runs ``function`` on each execution of one epoch between the batch hooks.
+
+        Returns:
+            The last execution's logs (``logs`` if none ran) and whether any ran.
+        """
         execution = None
+        stepped = False
         try:
             with epoch_iterator.catch_stop_iteration():
                 for first, steps, execution in epoch_iterator:
                     batch_begin(first)
                     logs = function(execution)
+                    stepped = True
                     batch_end(_compat.keras3_only.batch_end_step(first, steps), logs)
                     if stopped():
                         break
-            return logs
+            return logs, stepped
         finally:
             # A traceback keeps this frame: not the data iterator too (EpochIterator.close says why).
             execution = None
@@ -240,7 +247,7 @@ class Loop(StepFunctions):
             self.stop_evaluating = False
             callbacks.on_test_begin()
             self.reset_metrics()
-            logs = self._run_epoch(
+            logs, stepped = self._run_epoch(
                 epoch_iterator,
                 lambda execution: self.test_function(execution),
                 callbacks.on_test_batch_begin,
@@ -248,7 +255,7 @@ class Loop(StepFunctions):
                 stopped=lambda: self.stop_evaluating,
                 logs={},
             )
-            logs = _compat.keras3_only.evaluation_logs(self._get_metrics_result_or_logs(logs))
+            logs = _compat.keras3_only.evaluation_logs(self._get_metrics_result_or_logs(logs, returned=stepped))
             callbacks.on_test_end(logs)
         if return_dict:
             return logs

@@ -265,6 +265,21 @@ class NamedOptimizers(keras.optimizers.Optimizer):
             if _compat.optimizer_built(member)
         }
 
+    def finalize_variable_values(self, var_list: Sequence[Any]) -> None:
+        """Lets each member finalize the variables it updates (``fit`` calls this when it ends).
+
+        A member with ``use_ema=True`` then swaps its moving averages into its
+        variables, as Keras does for a single compiled optimizer (Keras' own
+        ``MultiOptimizer`` splits ``var_list`` the same way). Optimizers kept
+        as attributes are left alone: ``keras.Model`` never finalizes them.
+        """
+        if self.from_attributes:
+            return
+        for name, variables in self.members_built_on(var_list).items():
+            finalize = getattr(self._members[name], "finalize_variable_values", None)  # tf_keras' legacy: none
+            if variables and finalize is not None:
+                finalize(variables)
+
     def count_step(self) -> None:
         """Adds one training step to the group's ``iterations`` (each member counts its own updates)."""
         self.iterations.assign_add(1)

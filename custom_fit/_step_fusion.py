@@ -23,7 +23,12 @@ What changes, and what does not:
   ``ModelCheckpoint(save_freq=N)`` saves at the first execution end past each
   N steps;
 * inputs of unknown length (a generator, a ``tf.data`` pipeline without
-  cardinality) run one step per execution;
+  cardinality) run one step per execution for the whole ``fit``, also with
+  ``steps_per_epoch`` and after an epoch has counted their batches: with one
+  step per execution, the execution that finds the data exhausted still
+  counts an optimizer iteration (the step's state updates do not wait for the
+  batch), which a fused execution would not (the epoch iterators ask
+  :meth:`StepsPerExecutionTuner.plan` with ``remaining=None``);
 * ``model.steps_per_execution`` reads the number fused now (1 until ``fit``
   has tuned it); ``get_compile_config()`` and saved models keep ``"auto"``;
 * on Keras 3 ``evaluate`` and ``predict`` run one step per execution

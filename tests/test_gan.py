@@ -465,3 +465,25 @@ def test_validation_does_not_change_training():
         gan.fit(x, batch_size=32, epochs=2, shuffle=False, verbose=0, validation_data=validation)
         weights.append(gan.generator.get_weights() + gan.discriminator.get_weights())
     assert parity.max_delta(weights[0], weights[1]) == 0.0
+
+
+def test_generator_ema_ends_on_the_generator_moving_averages():
+    """``use_ema=True`` on the generator's optimizer: fit leaves the generator on its averages, as Keras would."""
+    x, _ = digits(64)
+    gans = {}
+    for ema in (False, True):
+        gan = make_gan("bce")
+        gan.compile(
+            optimizer={
+                "generator": keras.optimizers.Adam(2e-3, beta_1=0.5, use_ema=ema),
+                "discriminator": keras.optimizers.Adam(2e-3, beta_1=0.5),
+            }
+        )
+        gan.fit(x, batch_size=16, epochs=1, verbose=0)
+        gans[ema] = gan
+    ema_gan, plain = gans[True], gans[False]
+    averages = [np.array(v) for v in ema_gan.optimizer["generator"]._model_variables_moving_average]
+    assert parity.max_delta(ema_gan.generator.trainable_weights, averages) == 0.0
+    assert parity.max_delta(ema_gan.generator.get_weights(), plain.generator.get_weights()) > 0
+    # EMA does not change the training itself: the discriminator ends where it ends without it.
+    assert parity.max_delta(ema_gan.discriminator.get_weights(), plain.discriminator.get_weights()) == 0.0

@@ -260,6 +260,9 @@ EXTENSION_POINTS = {
     "custom_fit._optimizers.NamedOptimizers.apply_gradients": "refuses: a group applies no gradients itself",
     "custom_fit._optimizers.NamedOptimizers.apply": "refuses: a group applies no gradients itself",
     "custom_fit._optimizers.NamedOptimizers.get_config": "public serialization of the group",
+    "custom_fit._optimizers.NamedOptimizers.finalize_variable_values": (
+        "public: hands each member its variables for the member's own finalize_variable_values"
+    ),
     "custom_fit._optimizers.NamedOptimizers.from_config": "public serialization of the group",
     "custom_fit._compat.keras3._LoggedValuesList.result": "Metric.result, the public metric API",
     "custom_fit._compat.common.CountingCall.__call__": "Regularizer.__call__, the public regularizer API",

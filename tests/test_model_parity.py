@@ -7,6 +7,7 @@ per-batch callback logs, ``evaluate`` and ``predict``.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import functools
@@ -191,6 +192,9 @@ MODEL_CASES = {
     "global_clipnorm": Case(
         mlp, arrays(), dict(CLASSIFY, optimizer=lambda: keras.optimizers.SGD(0.5, global_clipnorm=0.05)), validation()
     ),
+    "use_ema=True (averages swapped in when fit ends)": Case(
+        mlp, arrays(), dict(CLASSIFY, optimizer=lambda: keras.optimizers.Adam(use_ema=True)), validation()
+    ),
     "clipvalue": Case(
         mlp, arrays(), dict(CLASSIFY, optimizer=lambda: keras.optimizers.RMSprop(clipvalue=0.01)), validation()
     ),
@@ -327,3 +331,39 @@ def test_per_output_losses_weigh_batches_as_the_keras_in_use_does():
     weights = np.array([16.0, 1.0]) if traced_with_batch_size else np.array([1.0, 1.0])
     assert results[custom_fit.CustomModel] == results[keras.Model]
     assert np.isclose(results[keras.Model]["reg_loss"], np.dot(weights, batch_means) / weights.sum(), rtol=1e-6)
+
+
+def runs_dry(kind):
+    """Fit arguments: 8 batches of 8 of unknown length, ``steps_per_epoch=4``: the third epoch finds no batch."""
+
+    def factory():
+        x, y = DATA["x"][:64], DATA["y"][:64]
+        if kind == "generator":
+            data = ((x[i : i + 8], y[i : i + 8]) for i in range(0, 64, 8))
+        else:
+            data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8).filter(lambda x, y: True)
+        stop = keras.callbacks.EarlyStopping(monitor="loss", patience=0)
+        return dict(x=data, epochs=5, steps_per_epoch=4, shuffle=False, callbacks=[stop])
+
+    return factory
+
+
+@pytest.mark.parametrize("kind", ["tf.data .filter", "generator"])
+def test_epoch_without_a_batch_logs_what_keras_model_logs(kind, seed):
+    """An epoch that runs no step logs the reset metrics (0.0), not the epoch before's values.
+
+    ``EarlyStopping(monitor="loss", patience=0)`` sees that 0.0 as an improvement,
+    so both train on (Keras 3 makes a new iterator for the fourth epoch; Keras 2
+    stops when the data runs out).
+    """
+    case = Case(mlp, runs_dry(kind), CLASSIFY, validation())
+    runs = {}
+    for base in (keras.Model, custom_fit.CustomModel):
+        # Keras 3 warns (UserWarning) when the data runs out; Keras 2 logs it.
+        with contextlib.nullcontext() if custom_fit.KERAS_2 else pytest.warns(UserWarning, match="ran out of data"):
+            runs[base] = case.train(base, seed)
+    expected, got = runs[keras.Model], runs[custom_fit.CustomModel]
+    parity.assert_same(f"Model: an epoch without a batch ({kind})", expected, got)
+    assert expected.history["loss"][2] == 0.0
+    iterations = [int(run.model.optimizer.iterations) for run in (expected, got)]
+    assert iterations[0] == iterations[1]

@@ -258,3 +258,32 @@ def test_default_train_step_with_named_optimizers_names_the_fix():
         ValueError, match=r"CustomModel's own train_step updates all variables.*compile a single optimizer"
     ):
         model.fit(X, X[:, :1], batch_size=33, epochs=1, verbose=0)
+
+
+def moving_averages(optimizer):
+    """The moving averages an optimizer with ``use_ema=True`` keeps (Keras 3 and tf_keras: same attribute)."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)  # a LossScaleOptimizer's
+    return [np.array(v) for v in inner._model_variables_moving_average]
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
+def test_ema_member_swaps_in_its_moving_averages_when_fit_ends(policy):
+    """The member with ``use_ema=True`` ends on its averages, as Keras' compiled optimizer does; the other does not."""
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        runs = {}
+        for ema in (False, True):
+            keras.utils.set_random_seed(0)
+            model = TwoHeads()
+            model.compile(
+                optimizer={"encoder": keras.optimizers.Adam(0.05, use_ema=ema), "head": keras.optimizers.Adam(0.05)}
+            )
+            fit(model, epochs=2)
+            runs[ema] = model
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    ema_run, plain = runs[True], runs[False]
+    assert parity.max_delta(ema_run.encoder.get_weights(), moving_averages(ema_run.optimizer["encoder"])) == 0.0
+    assert parity.max_delta(ema_run.encoder.get_weights(), plain.encoder.get_weights()) > 1e-3
+    # EMA does not change the training itself: the other member's variables are those of a run without it.
+    assert parity.max_delta(ema_run.head.get_weights(), plain.head.get_weights()) == 0.0

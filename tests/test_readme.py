@@ -12,6 +12,7 @@ import pytest
 
 import custom_fit
 from custom_fit import keras
+from tests import parity
 
 pytestmark = pytest.mark.keras3  # the README's examples are written for Keras 3 (`import keras`)
 
@@ -27,6 +28,7 @@ EXPECTED = {
     "quickstart": "README.md",
     "train-step": "README.md",
     "gan-step": "README.md",
+    "gan-ema": "docs/gans.md",
     "minimize-body": "docs/step.md",
     "override-examples": "docs/step.md",
     "keras2-step": "docs/keras2_style.md",
@@ -143,6 +145,15 @@ def test_gan_example_trains():
     )
     assert sorted(history.history) == ["d_loss", "g_loss"]
     assert int(model.optimizer["generator"].iterations) == int(model.optimizer["discriminator"].iterations) == 8
+
+
+def test_gan_ema_example_ends_on_the_generator_averages():
+    namespace: dict = {}
+    exec(compile(BLOCKS["gan-ema"], "docs/gans.md generator EMA", "exec"), namespace)
+    gan = namespace["gan"]
+    averages = gan.optimizer["generator"]._model_variables_moving_average  # Keras' attribute, read to check
+    assert parity.max_delta(gan.generator.trainable_weights, averages) == 0.0
+    assert namespace["samples"].shape == (16, 2)
 
 
 def test_the_docs_quick_start_is_the_readmes():

@@ -6,10 +6,12 @@ import contextlib
 import gc
 import io
 import re
+import warnings
 import weakref
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import custom_fit
 from custom_fit import keras
@@ -93,6 +95,64 @@ def test_auto_trains_exactly_like_one_step_per_execution(window_executions):
         assert all(epoch[-1] == 24 for epoch in epochs)
     else:
         assert all(epoch[0] == 0 for epoch in epochs)
+
+
+def unknown_length(batches):
+    """``batches`` batches of 8 through ``.filter``: a ``tf.data`` pipeline whose length nobody knows in advance."""
+    x, y = DATA["x"][: 8 * batches], DATA["y"][: 8 * batches]
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(8).filter(lambda x, y: True)
+
+
+@pytest.mark.parametrize(
+    ("batches", "fit_args"),
+    [(5, dict(epochs=3)), (10, dict(epochs=4, steps_per_epoch=4))],
+    ids=["runs_dry_each_epoch", "steps_per_epoch_runs_dry"],
+)
+def test_auto_equals_one_step_on_data_of_unknown_length(batches, fit_args):
+    """Where the data may end, "auto" runs one step per execution, so the end of the data counts as with 1.
+
+    With one step per execution, the execution that finds the data exhausted still counts an
+    optimizer iteration (and draws Dropout's seeds): Keras' step is a graph whose state updates do
+    not wait for the batch. A fused execution stops before its loop body instead.
+    """
+    runs = {}
+    for steps_per_execution in (1, "auto"):
+        keras.utils.set_random_seed(3)
+        inputs = keras.Input((parity.N_FEATURES,))
+        hidden = keras.layers.Dropout(0.3)(keras.layers.Dense(16, activation="relu")(inputs))
+        model = custom_fit.CustomModel(inputs, keras.layers.Dense(parity.N_CLASSES, activation="softmax")(hidden))
+        tuner = fast_tuner(window_executions=1) if steps_per_execution == "auto" else None
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", steps_per_execution=tuner or 1)
+        with warnings.catch_warnings():  # Keras 3 warns each time data of unknown length ends an epoch
+            warnings.filterwarnings("ignore", "Your input ran out of data", UserWarning)
+            history = model.fit(unknown_length(batches), shuffle=False, verbose=0, **fit_args).history
+        runs[steps_per_execution] = (model, history, tuner)
+    (one, one_history, _), (auto, auto_history, tuner) = runs[1], runs["auto"]
+    assert tuner is not None and tuner.steps > 1, "the tuner should have fused more steps"
+    delta = parity.max_delta(one.get_weights(), auto.get_weights())
+    parity.record(f'steps_per_execution="auto" vs 1, unknown length ({batches} batches)', weights=delta)
+    assert delta == 0.0
+    assert parity.max_delta(one_history, auto_history) == 0.0
+    assert int(auto.optimizer.iterations) == int(one.optimizer.iterations)
+
+
+def test_auto_fits_data_of_unknown_length_after_tuning():
+    """A second ``fit``, on data of unknown length, after the tuner fused 8 steps (tf_keras refused it)."""
+    models = {}
+    for steps_per_execution in (1, "auto"):
+        keras.utils.set_random_seed(3)
+        inputs = keras.Input((parity.N_FEATURES,))
+        model = custom_fit.CustomModel(inputs, keras.layers.Dense(parity.N_CLASSES, activation="softmax")(inputs))
+        tuner = fast_tuner() if steps_per_execution == "auto" else None
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", steps_per_execution=tuner or 1)
+        model.fit(X, Y, batch_size=16, epochs=1, verbose=0)
+        assert tuner is None or tuner.steps == 8
+        with warnings.catch_warnings():  # Keras 3 warns each time data of unknown length ends an epoch
+            warnings.filterwarnings("ignore", "Your input ran out of data", UserWarning)
+            model.fit(unknown_length(5), shuffle=False, epochs=2, verbose=0)
+        models[steps_per_execution] = model
+    assert parity.max_delta(models[1].get_weights(), models["auto"].get_weights()) == 0.0
+    assert int(models["auto"].optimizer.iterations) == int(models[1].optimizer.iterations)
 
 
 def test_steps_per_execution_reads_what_auto_fuses_now():

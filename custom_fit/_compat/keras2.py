@@ -329,7 +329,9 @@ def _tuned(model: Any, function: Callable[[Any], Any], tuner: Any) -> Callable[[
         steps = int(model._steps_per_execution.numpy())
         logs = function(iterator)
         report_execution(tuner, steps, logs, iterator)
-        model._steps_per_execution.assign(tuner.steps)
+        # Data of unknown length: one step per execution (see `_may_run_dry`).
+        remaining = None if getattr(model, "_custom_fit_data_may_run_dry", False) else tuner.steps
+        model._steps_per_execution.assign(tuner.plan(remaining))
         return logs
 
     return tuned_function
@@ -732,15 +734,41 @@ def _install_data_handler(module: Any) -> Callable[..., Any]:
     keras_get_data_handler: Callable[..., Any] = module.get_data_handler
 
     def _get_data_handler(*args: Any, **kwargs: Any) -> Any:
+        model: Any = kwargs.get("model")
+        tuner = getattr(model, "steps_tuner", None) if isinstance(model, TrainerHooks) else None
+        if tuner is not None:
+            # tf_keras refuses more than one step per execution on data of unknown length.
+            model._steps_per_execution.assign(1)
         handler = keras_get_data_handler(*args, **kwargs)
-        if isinstance(kwargs.get("model"), TrainerHooks) and isinstance(
+        if isinstance(model, TrainerHooks) and isinstance(
             getattr(handler, "_adapter", None), _data_adapter.TensorLikeDataAdapter
         ):
             handler._dataset = dataset_without_autotuning(handler._dataset)
+        if tuner is not None:
+            may_run_dry = _may_run_dry(handler)
+            if "class_weight" in kwargs:  # fit's training data (no other data handler takes class weights)
+                common.set_untracked(model, "_custom_fit_data_may_run_dry", may_run_dry)
+            if not may_run_dry:
+                model._steps_per_execution.assign(tuner.steps)
         return handler
 
     module.get_data_handler = _get_data_handler
     return keras_get_data_handler
+
+
+def _may_run_dry(handler: Any) -> bool:
+    """Whether the data of tf_keras' ``handler`` has a length nobody knows in advance (it may end any time).
+
+    With one step per execution, tf_keras' execution that finds such data
+    exhausted still counts an optimizer iteration; a fused one raises in its
+    loop body, and tf_keras then takes the steps counted before it for the
+    epoch's length. ``steps_per_execution="auto"`` runs one step per execution
+    on it, so that it trains as ``steps_per_execution=1`` does.
+    """
+    if handler._adapter.get_size() is not None:
+        return False
+    dataset = handler._dataset
+    return not (isinstance(dataset, tf.data.Dataset) and dataset.cardinality() == tf.data.INFINITE_CARDINALITY)
 
 
 def _restore_data_handler(module: Any, keras_get_data_handler: Callable[..., Any]) -> None:

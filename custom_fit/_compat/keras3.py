@@ -580,13 +580,14 @@ class TrainerHooks(Host):
         if not self.compiled:
             raise not_compiled_error(self, method_name)
 
-    def _get_metrics_result_or_logs(self, logs: Any) -> Any:
+    def _get_metrics_result_or_logs(self, logs: Any, returned: bool = True) -> Any:
         # At the end of an epoch (and of `evaluate`) Keras replaces the last step's logs with the
         # metrics' results when their names match, even where no step updated that metric: a step
         # that computes and returns its own `loss` (keras.io's DDPM) logs the reset tracker, 0.0.
-        # Such names keep the value the step returned, as on Keras 2.
+        # Such names keep the value the step returned, as on Keras 2. `returned=False` (custom_fit's
+        # loop: the epoch ran no step, `logs` are the epoch before's): Keras' rule alone, as Keras logs.
         results = super()._get_metrics_result_or_logs(logs)
-        if results is logs or not isinstance(logs, dict):
+        if results is logs or not isinstance(logs, dict) or not returned:
             return results
         untouched = _names_of_untouched_metrics(self)
         return finish_metrics_result(

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import keras
+import tensorflow as tf
 from keras.src.backend import config as _config
 from keras.src.backend.tensorflow.trainer import TFEpochIterator as _TFEpochIterator
 from keras.src.backend.tensorflow.trainer import convert_to_np_if_not_ragged as _convert_to_np_if_not_ragged
@@ -178,6 +179,12 @@ class EpochIterator(_TFEpochIterator):
         # making and dropping them would only race with the restored state.
         self._replays_iterators = not isinstance(adapter, (_PyDatasetAdapter, _GeneratorDataAdapter))
         self._drops_unread_iterators = isinstance(adapter, _ArrayDataAdapter)
+        # Data whose length is not known in advance may end before the epoch's steps do (also where
+        # `steps_per_epoch` or an epoch that ran dry gave Keras a number). The plan is then told no
+        # number, so that it runs one step per execution: with one step, the execution that finds
+        # the data exhausted still counts an optimizer iteration and draws seeds (the step's state
+        # updates do not wait for the batch); a fused execution stops before its loop body.
+        self._may_run_dry = adapter.num_batches is None and not _infinite(self._distributed_dataset)
         if position is not None:
             position.element_spec = self._get_iterator().element_spec
             position.adapter = adapter
@@ -239,7 +246,7 @@ class EpochIterator(_TFEpochIterator):
                     if self.steps_per_epoch:
                         self._interrupted_warning()
                     break
-                steps = self.plan(steps_per_epoch - step)
+                steps = self.plan(None if self._may_run_dry else steps_per_epoch - step)
                 self._steps_seen += steps
                 yield step, steps, Execution(self._current_iterator, steps)
                 step += steps
@@ -278,6 +285,14 @@ def data_epoch(adapter: Any) -> int | None:
     """
     count = getattr(adapter, "_epoch", None)
     return count if isinstance(count, int) else None
+
+
+def _infinite(dataset: Any) -> bool:
+    """Whether a (distributed) ``tf.data`` dataset never ends (``.repeat()``): its cardinality says so."""
+    cardinality = getattr(dataset, "cardinality", None)  # a method; a number on a DistributedDataset
+    if cardinality is None:
+        return False
+    return int(cardinality() if callable(cardinality) else cardinality) == tf.data.INFINITE_CARDINALITY
 
 
 def _has_own_epoch_hooks(py_dataset: Any) -> bool:
