@@ -398,12 +398,6 @@ REMOVALS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             "nvidia/cuda_nvcc/nvvm/lib64/",
         ),
     ),
-    (
-        "TensorFlow extras",
-        "TensorFlow's profiler plugin (tf.profiler's server; a fit without a profiling TensorBoard "
-        "callback never imports it)",
-        ("tensorflow/python/profiler/internal/_pywrap_profiler_plugin.so",),
-    ),
 )
 
 
