@@ -80,6 +80,15 @@ EOF
         echo "run.sh: cuDNN from the image: $found"
         mkdir -p "$site/nvidia/cudnn/lib"
         for lib in "$found"/libcudnn*.so.9*; do ln -sf "$lib" "$site/nvidia/cudnn/lib/"; done
+        # cuDNN for CUDA 13 loads cuBLAS(Lt) 13 and NVRTC 13: those libraries alone (SONAMEs .so.13, no
+        # clash with the CUDA 12 ones TensorFlow asks for) from the pip layout beside it, if there.
+        mkdir -p "$site/cuda13"
+        for lib in "$found"/../../{cublas,cuda_nvrtc,cu13}/lib/lib{cublas,cublasLt,nvrtc}*.so.13*; do
+            [[ -e $lib ]] && ln -sf "$(cd "$(dirname "$lib")" && pwd)/$(basename "$lib")" "$site/cuda13/"
+        done
+        LD_LIBRARY_PATH=$(cd "$site/cuda13" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+        export LD_LIBRARY_PATH
+        echo "run.sh: LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
     fi
 fi
 
