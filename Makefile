@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 JOBS ?= 2
 PYTEST := $(PY) -m pytest -n $(JOBS) --dist loadgroup
 
-.PHONY: keras2-peer install demo test test-keras3 test-keras2 test-crash test-fast test-compat test-compat-lean compat-venvs py313-venv test-py313 lint format bench dist docs clean
+.PHONY: gpu-payload gpu-payload-dry-run gpu-payload-verify keras2-peer install demo test test-keras3 test-keras2 test-crash test-fast test-compat test-compat-lean compat-venvs py313-venv test-py313 lint format bench dist docs clean
 
 install: $(STAMP)
 
@@ -150,6 +150,49 @@ format: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bench.py
 	TF_USE_LEGACY_KERAS=1 $(PY) benchmarks/bench.py
+
+## The GPU table's payload (issue 44, benchmarks/gpu/): TensorFlow 2.21 with its CUDA 12 libraries, keras
+## and custom_fit for CPython $(GPU_PY), made small and cut into pieces of at most 60 MiB with a manifest,
+## in $(GPU_DIR)/py$(GPU_PY)/payload (ignored). Downloads about 3.3 GB once; builds on CPU. Never run by CI.
+## GPU_CUDNN=carry|image (cuDNN as an optional part, or left to the image), GPU_STAND_INS (empty: the real
+## libraries), GPU_COMPRESS=zstd|xz|none at GPU_LEVEL. PAYLOAD_PYTHON needs pip; it installs nothing into itself.
+GPU_PY ?= 312
+GPU_DIR ?= .gpu-payload
+GPU_CUDNN ?= carry
+GPU_STAND_INS ?= cufft cusolver cusparse curand
+GPU_COMPRESS ?= zstd
+GPU_LEVEL ?= 12
+GPU_THREADS ?= 2
+PAYLOAD_PYTHON ?= $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+GPU_WHEELS := $(GPU_DIR)/py$(GPU_PY)/wheels
+GPU_PAYLOAD := $(GPU_DIR)/py$(GPU_PY)/payload
+PAYLOAD_TOOL := nice -n 19 $(PAYLOAD_PYTHON) benchmarks/gpu/payload.py
+
+gpu-payload: $(GPU_PAYLOAD)/manifest.json
+
+$(GPU_WHEELS)/.downloaded:
+	$(PAYLOAD_TOOL) download --python-tag $(GPU_PY) --wheels $(GPU_WHEELS)
+	touch $@
+
+$(GPU_PAYLOAD)/manifest.json: $(GPU_WHEELS)/.downloaded benchmarks/gpu/payload.py setup.cfg $(wildcard custom_fit/*.py)
+	$(PAYLOAD_PYTHON) -m pip wheel --quiet --no-deps --no-build-isolation -w $(GPU_WHEELS) .
+	$(PAYLOAD_TOOL) build --python-tag $(GPU_PY) --wheels $(GPU_WHEELS) --stage $(GPU_DIR)/py$(GPU_PY)/stage \
+		--out $(GPU_PAYLOAD) --cudnn $(GPU_CUDNN) --stand-ins $(GPU_STAND_INS) --compress $(GPU_COMPRESS) \
+		--level $(GPU_LEVEL) --threads $(GPU_THREADS)
+
+## Check every piece of the payload against its manifest (sizes, SHA-256).
+gpu-payload-verify:
+	$(PAYLOAD_PYTHON) benchmarks/gpu/payload.py verify $(GPU_PAYLOAD)
+
+## The payload for this machine's Python (fast compression), reassembled and unpacked by
+## benchmarks/gpu/run.sh --dry-run, which imports TensorFlow from it and trains one tiny epoch on the CPU.
+## DRY_RUN_PYTHON (no TensorFlow of its own: the tree must be enough) runs run.sh.
+LOCAL_PY := $(shell $(PYTHON) -c 'import sys; print("%d%d" % sys.version_info[:2])')
+DRY_RUN_PYTHON ?= $(PYTHON)
+gpu-payload-dry-run:
+	$(MAKE) gpu-payload GPU_PY=$(LOCAL_PY) GPU_LEVEL=$(or $(DRY_RUN_LEVEL),3)
+	OUT=$(GPU_DIR)/dry-run-out bash benchmarks/gpu/run.sh --dry-run --payload $(GPU_DIR)/py$(LOCAL_PY)/payload \
+		--site $(GPU_DIR)/site-py$(LOCAL_PY) --python $(DRY_RUN_PYTHON)
 
 clean:
 	rm -rf $(VENV) .venv-compat $(PY313) build dist site *.egg-info

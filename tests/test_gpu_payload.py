@@ -1,0 +1,120 @@
+"""benchmarks/gpu/payload.py on a small fake payload: split, manifest, verify, reassemble, unpack.
+
+No download and no TensorFlow: the real payload (`make gpu-payload`) is never built in CI.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from benchmarks.gpu import payload as pl
+
+
+def fake_tree(root):
+    """A tree shaped like the real one: a core file, a cuDNN file, a header and a static library."""
+    files = {
+        "tensorflow/__init__.py": b"version = '0'\n",
+        "tensorflow/libfake.so.2": bytes(range(256)) * 900,  # 230 kB, cut into several pieces
+        "nvidia/cudnn/lib/libcudnn.so.9": b"cudnn" * 5000,
+        "nvidia/cuda_nvrtc/lib/libnvrtc.so.12": b"nvrtc" * 100,
+        "nvidia/cublas/include/cublas.h": b"/* header */\n",
+        "nvidia/cuda_runtime/lib/libcudart_static.a": b"!<arch>\n",
+        "nvidia/nccl/lib/libnccl.so.2": b"nccl" * 100,
+    }
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return files
+
+
+def build_fake(tmp_path, compress="none", piece_bytes=64 * 1024):
+    stage, out = tmp_path / "stage", tmp_path / "payload"
+    files = fake_tree(stage)
+    command = pl.compress_command(compress, 1, 1)
+    parts = [
+        pl.write_part(stage, "core", lambda rel: not rel.startswith(pl.CUDNN_PREFIXES), out, command, piece_bytes),
+        pl.write_part(stage, "cudnn", lambda rel: rel.startswith(pl.CUDNN_PREFIXES), out, command, piece_bytes),
+    ]
+    manifest = {"format": pl.FORMAT, "compression": {"tool": compress}, "parts": parts, "tools": []}
+    (out / pl.MANIFEST).write_text(json.dumps(manifest))
+    return files, out, manifest
+
+
+def test_split_stream_cuts_at_the_limit_and_hashes(tmp_path):
+    data = bytes(range(256)) * 40  # 10,240 bytes: pieces of 4,096, 4,096 and 2,048
+    result = pl.split_stream(io.BytesIO(data), tmp_path, "x", piece_bytes=4096)
+    assert [p["bytes"] for p in result["pieces"]] == [4096, 4096, 2048]
+    assert b"".join((tmp_path / p["name"]).read_bytes() for p in result["pieces"]) == data
+    exact = pl.split_stream(io.BytesIO(data[:8192]), tmp_path / "exact", "x", piece_bytes=4096)
+    assert [p["bytes"] for p in exact["pieces"]] == [4096, 4096]  # no empty third piece
+    assert not (tmp_path / "exact" / "x.002").exists()
+
+
+@pytest.mark.parametrize("compress", ["none", "xz"])
+def test_pieces_verify_reassemble_and_unpack_to_the_same_files(tmp_path, compress):
+    if compress != "none" and not shutil.which(compress):
+        pytest.skip(f"no {compress} here")
+    files, out, manifest = build_fake(tmp_path, compress)
+    core = manifest["parts"][0]
+    assert len(core["pieces"]) >= 2 or compress != "none"  # the fake core spans pieces uncompressed
+    assert all(p["bytes"] <= 64 * 1024 for part in manifest["parts"] for p in part["pieces"])
+    assert pl.verify(out, quiet=True) == []
+    assert pl.present_parts(out) == ["core", "cudnn"]
+    result = pl.install(out, tmp_path / "site")
+    assert result["parts"] == ["core", "cudnn"] and not result["skipped"]
+    for rel, data in files.items():
+        assert (tmp_path / "site" / rel).read_bytes() == data
+    assert pl.install(out, tmp_path / "site")["skipped"]  # same payload, same parts: not unpacked again
+
+
+def test_damaged_or_missing_pieces_are_named_and_refused(tmp_path):
+    _, out, manifest = build_fake(tmp_path)
+    first = manifest["parts"][0]["pieces"][0]["name"]
+    damaged = bytearray((out / first).read_bytes())
+    damaged[100] ^= 0xFF
+    (out / first).write_bytes(bytes(damaged))
+    (out / manifest["parts"][1]["pieces"][0]["name"]).unlink()
+    problems = pl.verify(out, quiet=True)
+    assert problems == [
+        f"{first}: SHA-256 differs from the manifest",
+        f"{manifest['parts'][1]['pieces'][0]['name']}: missing",
+    ]
+    assert pl.present_parts(out) == ["core"]  # cudnn incomplete: left out; core's sizes still match
+    with pytest.raises(RuntimeError, match="damaged"):
+        pl.install(out, tmp_path / "site")
+
+
+def test_core_alone_installs_without_the_cudnn_part(tmp_path):
+    _, out, manifest = build_fake(tmp_path)
+    for piece in manifest["parts"][1]["pieces"]:
+        (out / piece["name"]).unlink()
+    assert pl.install(out, tmp_path / "site")["parts"] == ["core"]
+    assert (tmp_path / "site/tensorflow/libfake.so.2").is_file()
+    assert not (tmp_path / "site/nvidia/cudnn").exists()
+
+
+def test_removal_rules_measure_what_they_remove(tmp_path):
+    stage = tmp_path / "stage"
+    fake_tree(stage)
+    sizes = {"nvidia/nccl/lib/libnccl.so.2": 123}
+    reductions = {r.name: r for r in pl.reduce_tree(stage, sizes, [], tmp_path)}
+    assert reductions["nccl"].removed_files == 1 and reductions["nccl"].wheel_bytes == 123
+    assert reductions["nccl"].installed_bytes == 400
+    assert reductions["headers"].removed_files == 1 and reductions["static libraries"].removed_files == 1
+    assert not (stage / "nvidia/nccl").exists() and not (stage / "nvidia/cublas").exists()
+    assert (stage / "nvidia/cudnn/lib/libcudnn.so.9").is_file()
+
+
+@pytest.mark.skipif(not shutil.which("cc") or not shutil.which("readelf"), reason="needs cc and readelf")
+def test_stand_in_has_the_soname_and_loads(tmp_path):
+    stub = pl.build_stand_in(tmp_path / "lib", "libcufft.so.11", tmp_path)
+    dynamic = subprocess.run(["readelf", "-d", str(stub)], capture_output=True, text=True, check=True).stdout
+    assert "Library soname: [libcufft.so.11]" in dynamic
+    ctypes.CDLL(str(stub))  # dlopen succeeds, as TensorFlow's check at GPU start needs
+    assert stub.stat().st_size < 20_000
