@@ -44,6 +44,17 @@ _SUB_LAYERS = "custom_fit_sub_layers"
 _SUB_LAYER_VARIABLES = "custom_fit_sub_layer_variables"
 # The compile config of a compile() with a signature of its own.
 _COMPILE_ARGUMENTS = "custom_fit_compile_arguments"
+# Keras' own compile config, saved for a compile() of its own whose arguments could not be:
+# load_model leaves the model uncompiled, as for keras.Model (never calls that compile() with it).
+_NOT_RECOMPILED = "custom_fit_not_recompiled"
+#: The arguments that can only be passed by position, in a config of captured arguments.
+POSITIONAL = "custom_fit_positional"
+# In a constructor config: which of Keras' base keys (name, trainable, dtype) the constructor
+# received (from_config passes only those to it), and the model's own values of all three
+# (set on the model it made: a constructor may swallow or not pass on what it received).
+_CONSTRUCTOR_BASE_KEYS = "custom_fit_constructor_base_keys"
+_MODEL_BASE_CONFIG = "custom_fit_model_base_config"
+_BASE_KEYS = ("name", "trainable", "dtype")
 
 
 # --------------------------------------------------------------------------
@@ -54,29 +65,44 @@ _COMPILE_ARGUMENTS = "custom_fit_compile_arguments"
 def captured_arguments(
     function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> dict[str, Any] | None:
-    """``function``'s arguments by name (``**kwargs`` merged), or ``None`` if they cannot be named.
+    """``function``'s arguments by name (``**kwargs`` merged), or ``None`` if they do not bind.
 
-    ``function`` is an unbound method; its first parameter (``self``) is
-    left out. Positional ``*args`` cannot be passed back by name.
+    ``function`` is an unbound method; its first parameter (``self``) is left
+    out. What can only be passed by position (positional-only parameters, a
+    non-empty ``*args`` and the parameters before it) is kept, in order, as a
+    list under :data:`POSITIONAL`; :func:`call_with` passes it back so.
     """
     try:
         bound = inspect.signature(function).bind(None, *args, **kwargs)
     except TypeError:
         return None
-    parameters = list(inspect.signature(function).parameters.values())
+    parameters = list(inspect.signature(function).parameters.values())[1:]
+    by_position = any(p.kind is inspect.Parameter.VAR_POSITIONAL and bound.arguments.get(p.name) for p in parameters)
+    positional: list[Any] = []
     arguments: dict[str, Any] = {}
-    for parameter in parameters[1:]:
+    for parameter in parameters:
         if parameter.name not in bound.arguments:
             continue
         value = bound.arguments[parameter.name]
         if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
-            if value:
-                return None
+            positional.extend(value)
         elif parameter.kind is inspect.Parameter.VAR_KEYWORD:
             arguments.update(value)
+        elif parameter.kind is inspect.Parameter.POSITIONAL_ONLY or (
+            by_position and parameter.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+        ):
+            positional.append(value)
         else:
             arguments[parameter.name] = value
+    if positional:
+        arguments[POSITIONAL] = positional
     return arguments
+
+
+def call_with(function: Callable[..., Any], arguments: Mapping[str, Any]) -> Any:
+    """Calls ``function`` with what :func:`captured_arguments` recorded (deserialized)."""
+    keywords = dict(arguments)
+    return function(*keywords.pop(POSITIONAL, []), **keywords)
 
 
 def _is_plain(value: Any) -> bool:
@@ -234,14 +260,29 @@ class Saving(Host):
         return instance
 
     def get_config(self) -> dict[str, Any]:
+        """Keras' config, or the constructor's recorded arguments with Keras' base keys.
+
+        Keras' base keys (``name``, ``trainable``, ``dtype``) are always saved.
+        A constructor may not pass them on to ``keras.Model`` (a subclass
+        forwarding ``**kwargs`` to a parent ``__init__`` that takes none), so
+        :meth:`from_config` passes it only those it received, and sets the others
+        on the model it made.
+        """
         arguments = state_of(self).constructor_arguments
         if arguments is None or isinstance(self, (_compat.Functional, keras.Sequential)):
             return super().get_config()
-        # Keras' base keys (name, trainable, dtype; tf_keras: batch_input_shape), which
-        # `Layer.get_config` returns alone for a class with its own `get_config`; kept where
-        # `__init__` takes them back, as Keras' automatic config does.
         base = keras.layers.Layer.get_config(self)
-        config = {k: v for k, v in base.items() if _accepts(type(self).__init__, k)}
+        own_from_config = type(self).from_config.__func__ is not Saving.from_config.__func__  # type: ignore[attr-defined]
+        if own_from_config and POSITIONAL in arguments:
+            return super().get_config()  # the class' from_config calls cls(**config)
+        if own_from_config:
+            # The class' from_config reads the config as Keras writes it: base keys where
+            # `__init__` takes them back, as Keras' automatic config does.
+            config = {k: v for k, v in base.items() if _accepts(type(self).__init__, k)}
+        else:
+            config = {k: v for k, v in base.items() if k in _BASE_KEYS}
+            config[_MODEL_BASE_CONFIG] = dict(config)
+            config[_CONSTRUCTOR_BASE_KEYS] = [k for k in _BASE_KEYS if k in arguments]
         try:
             config.update(_serialize_arguments(arguments, f"{type(self).__name__}.__init__ argument"))
         except NotImplementedError as error:
@@ -252,8 +293,15 @@ class Saving(Host):
 
     @classmethod
     def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> Any:
+        """The model :meth:`get_config` describes: its constructor called as it was, then the base keys set."""
         config = {k: deserialize_argument(v, custom_objects) for k, v in config.items()}
-        return super().from_config(config, custom_objects)
+        if _CONSTRUCTOR_BASE_KEYS not in config:  # Keras' config, a class' own, or a file of custom_fit < 0.4
+            return super().from_config(config, custom_objects)
+        passed = config.pop(_CONSTRUCTOR_BASE_KEYS)
+        base = config.pop(_MODEL_BASE_CONFIG)
+        model = call_with(cls, {k: v for k, v in config.items() if k not in _BASE_KEYS or k in passed})
+        _compat.restore_base_config(model, base)
+        return model
 
     def get_build_config(self) -> dict[str, Any] | None:
         """Keras' build config; for a model built without being called, each sub-layer's.
@@ -312,25 +360,29 @@ class Saving(Host):
     def get_compile_config(self) -> dict[str, Any] | None:
         """Keras' compile config, or the recorded arguments of a ``compile`` with its own signature.
 
-        ``None`` before ``compile``, as in Keras.
+        A ``compile`` of the model's own is always saved as the arguments it was
+        called with, never as Keras' config: Keras' config holds what it passed
+        on to ``keras.Model.compile``, and may bind to its signature through
+        ``**kwargs`` while leaving out its own arguments. ``None`` before
+        ``compile``, as in Keras.
         """
         config = super().get_compile_config()
         arguments = state_of(self).compile_arguments
-        if config is None or arguments is None or _binds(self.compile, config):
+        if config is None or arguments is None:
             return config
         try:
             return {_COMPILE_ARGUMENTS: _serialize_arguments(arguments, f"{type(self).__name__}.compile argument")}
         except NotImplementedError as error:  # Keras saves its own config (and warns at load)
-            return _saved_as_keras_saves(error, config, "compile config")
+            return _saved_as_keras_saves(error, {**config, _NOT_RECOMPILED: True}, "compile config")
 
     def compile_from_config(self, config: dict[str, Any]) -> None:
         """Re-runs ``compile`` from :meth:`get_compile_config` (used by ``load_model``)."""
         if _COMPILE_ARGUMENTS in config:
-            self.compile(**{k: deserialize_argument(v) for k, v in config[_COMPILE_ARGUMENTS].items()})
-        elif not _binds(self.compile, config):
-            # A compile() of its own saved by Keras (not by CustomModel):
-            # Keras' behaviour, a warning that compile() must be called.
-            super().compile_from_config(config)
+            call_with(self.compile, {k: deserialize_argument(v) for k, v in config[_COMPILE_ARGUMENTS].items()})
+        elif config.get(_NOT_RECOMPILED) or not _binds(self.compile, config):
+            # A compile() of its own saved by Keras (not by CustomModel), or whose arguments
+            # could not be saved: Keras' behaviour, a warning that compile() must be called.
+            super().compile_from_config({k: v for k, v in config.items() if k != _NOT_RECOMPILED})
             return
         else:
             self.compile(**keras.saving.deserialize_keras_object(config))
