@@ -30,6 +30,7 @@ from typing import Any
 
 from custom_fit import _compat
 from custom_fit import _extra_state as extra_state
+from custom_fit import _optimizers as optimizers
 from custom_fit._compat import keras
 from custom_fit._host import Host
 from custom_fit._state import state_of
@@ -190,15 +191,55 @@ def _recording_arguments(compile_method: Callable[..., Any]) -> Callable[..., An
         if state.recording_compile:  # super().compile() from a subclass' compile
             return compile_method(self, *args, **kwargs)
         state.recording_compile = True
+        before = optimizers.attribute_optimizers(self)
         try:
             result = compile_method(self, *args, **kwargs)
         finally:
             state.recording_compile = False
         state.compile_arguments = captured_arguments(compile_method, args, kwargs)
+        after = optimizers.attribute_optimizers(self)
+        state.rebuilt_optimizers.update({name: value for name, value in after.items() if before.get(name) is not value})
         self._after_compile()
         return result
 
     return compile
+
+
+def _recording_optimizers(init: Callable[..., Any]) -> Callable[..., Any]:
+    """Wraps a subclass' ``__init__`` so that the optimizers it keeps as attributes are known to be rebuilt.
+
+    Each constructor of the chain records when it returns; the outermost returns last.
+    """
+
+    @functools.wraps(init)
+    def recording_init(self: Host, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        state_of(self).rebuilt_optimizers = optimizers.attribute_optimizers(self)
+
+    # Keras 3 reads the constructor's arguments with `inspect.getfullargspec`, which does not
+    # follow `__wrapped__` but reads `__signature__`.
+    recording_init.__signature__ = inspect.signature(init)  # type: ignore[attr-defined]
+    return recording_init
+
+
+def _warn_unrebuilt_optimizers(model: Any) -> None:
+    """Warns about attribute optimizers that neither the constructor nor the model's own ``compile`` made."""
+    rebuilt = state_of(model).rebuilt_optimizers
+    lost = [
+        name
+        for name, value in optimizers.attribute_optimizers(model).items()
+        if rebuilt.get(name) is not value and value is not model.optimizer
+    ]
+    if lost:
+        warnings.warn(
+            f"{type(model).__name__} '{model.name}' keeps the optimizers {lost} as attributes, but neither its "
+            "constructor nor a compile() of its own made them (they were assigned later): load_model re-runs "
+            "only those, so the loaded model will not have them, and their state in the file is not read. "
+            "Expected every optimizer the training step uses to be made by __init__, or passed to compile(). "
+            f"Fix: create them in {type(model).__name__}.__init__, or pass them to compile(optimizer={{name: "
+            "optimizer}}) or to a compile() of the model's own; then they are saved and restored with their state.",
+            stacklevel=3,
+        )
 
 
 def _rebuild_lazy_sub_layers(model: Any, layer: Any, config: dict[str, Any], saved: int | None) -> None:
@@ -266,8 +307,10 @@ class Saving(Host):
         A constructor may not pass them on to ``keras.Model`` (a subclass
         forwarding ``**kwargs`` to a parent ``__init__`` that takes none), so
         :meth:`from_config` passes it only those it received, and sets the others
-        on the model it made.
+        on the model it made. Warns when the model keeps optimizers as attributes
+        that ``load_model`` will not make again.
         """
+        _warn_unrebuilt_optimizers(self)
         arguments = state_of(self).constructor_arguments
         if arguments is None or isinstance(self, (_compat.Functional, keras.Sequential)):
             return super().get_config()
@@ -353,6 +396,8 @@ class Saving(Host):
         super().__init_subclass__(**kwargs)
         if "compile" in vars(cls):
             setattr(cls, "compile", _recording_arguments(vars(cls)["compile"]))  # noqa: B010  (a subclass attribute)
+        if "__init__" in vars(cls):
+            cls.__init__ = _recording_optimizers(vars(cls)["__init__"])  # type: ignore[method-assign]
 
     def _after_compile(self) -> None:
         """Called after a subclass' own ``compile`` returned (``CustomModel`` groups attribute optimizers)."""
