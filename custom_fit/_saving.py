@@ -50,11 +50,8 @@ _COMPILE_ARGUMENTS = "custom_fit_compile_arguments"
 _NOT_RECOMPILED = "custom_fit_not_recompiled"
 #: The arguments that can only be passed by position, in a config of captured arguments.
 POSITIONAL = "custom_fit_positional"
-# In a constructor config: which of Keras' base keys (name, trainable, dtype) the constructor
-# received (from_config passes only those to it), and the model's own values of all three
-# (set on the model it made: a constructor may swallow or not pass on what it received).
-_CONSTRUCTOR_BASE_KEYS = "custom_fit_constructor_base_keys"
-_MODEL_BASE_CONFIG = "custom_fit_model_base_config"
+# Keras' base keys of a layer config: set on the model from_config made when its constructor
+# does not take them (or swallows them).
 _BASE_KEYS = ("name", "trainable", "dtype")
 
 
@@ -303,46 +300,59 @@ class Saving(Host):
     def get_config(self) -> dict[str, Any]:
         """Keras' config, or the constructor's recorded arguments with Keras' base keys.
 
-        Keras' base keys (``name``, ``trainable``, ``dtype``) are always saved.
-        A constructor may not pass them on to ``keras.Model`` (a subclass
-        forwarding ``**kwargs`` to a parent ``__init__`` that takes none), so
-        :meth:`from_config` passes it only those it received, and sets the others
-        on the model it made. Warns when the model keeps optimizers as attributes
-        that ``load_model`` will not make again.
+        The keys are those Keras writes: the base keys (``name``, ``trainable``,
+        ``dtype``) where ``__init__`` takes them back, then the arguments; the
+        model's own ``name`` and ``trainable``. A constructor may take them
+        through ``**kwargs`` and not pass them on to ``keras.Model`` (a subclass
+        forwarding ``**kwargs`` to a parent ``__init__`` that takes none):
+        :meth:`from_config` then makes the model without them and sets them.
+        Warns when the model keeps optimizers as attributes that ``load_model``
+        will not make again.
         """
         _warn_unrebuilt_optimizers(self)
         arguments = state_of(self).constructor_arguments
         if arguments is None or isinstance(self, (_compat.Functional, keras.Sequential)):
             return super().get_config()
-        base = keras.layers.Layer.get_config(self)
         own_from_config = type(self).from_config.__func__ is not Saving.from_config.__func__  # type: ignore[attr-defined]
         if own_from_config and POSITIONAL in arguments:
             return super().get_config()  # the class' from_config calls cls(**config)
-        if own_from_config:
-            # The class' from_config reads the config as Keras writes it: base keys where
-            # `__init__` takes them back, as Keras' automatic config does.
-            config = {k: v for k, v in base.items() if _accepts(type(self).__init__, k)}
-        else:
-            config = {k: v for k, v in base.items() if k in _BASE_KEYS}
-            config[_MODEL_BASE_CONFIG] = dict(config)
-            config[_CONSTRUCTOR_BASE_KEYS] = [k for k in _BASE_KEYS if k in arguments]
+        # Keras' base keys, which `Layer.get_config` returns alone for a class with its own
+        # `get_config`; kept where `__init__` takes them back, as Keras' automatic config does.
+        base = keras.layers.Layer.get_config(self)
+        config = {k: v for k, v in base.items() if _accepts(type(self).__init__, k)}
         try:
             config.update(_serialize_arguments(arguments, f"{type(self).__name__}.__init__ argument"))
         except NotImplementedError as error:
             if not _compat.SAVES_UNCONFIGURABLE_MODELS:  # Keras 3 raises too (less clearly)
                 raise
             return _saved_as_keras_saves(error, super().get_config(), "config")
+        # What the model has, also where its constructor swallowed what it was given.
+        config.update({k: base[k] for k in ("name", "trainable") if k in config})
         return config
 
     @classmethod
     def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> Any:
-        """The model :meth:`get_config` describes: its constructor called as it was, then the base keys set."""
+        """The model :meth:`get_config` describes: its constructor called as it was, then the base keys set.
+
+        A base key the constructor rejects (``... got an unexpected keyword
+        argument 'name'``: it was not passed when the model was made) is left
+        out of the call and set on the model it made.
+        """
         config = {k: deserialize_argument(v, custom_objects) for k, v in config.items()}
-        if _CONSTRUCTOR_BASE_KEYS not in config:  # Keras' config, a class' own, or a file of custom_fit < 0.4
-            return super().from_config(config, custom_objects)
-        passed = config.pop(_CONSTRUCTOR_BASE_KEYS)
-        base = config.pop(_MODEL_BASE_CONFIG)
-        model = call_with(cls, {k: v for k, v in config.items() if k not in _BASE_KEYS or k in passed})
+        base = {k: config[k] for k in _BASE_KEYS if k in config}
+        arguments = dict(config)
+        while True:
+            try:
+                if POSITIONAL in arguments:
+                    model = call_with(cls, arguments)
+                else:
+                    model = super().from_config(arguments, custom_objects)
+                break
+            except TypeError as error:
+                rejected = [k for k in _BASE_KEYS if k in arguments and f"argument '{k}'" in str(error)]
+                if not rejected:
+                    raise
+                del arguments[rejected[0]]
         _compat.restore_base_config(model, base)
         return model
 

@@ -795,7 +795,9 @@ def assert_round_trip(model: Any, path: Any) -> Any:
     model.fit(SHAPE_X, SHAPE_Y, batch_size=8, epochs=1, shuffle=False, verbose=0)
     model.save(path)
     loaded = keras.models.load_model(path)
-    assert type(loaded) is type(model) and loaded.name == model.name and loaded.arguments() == model.arguments()
+    assert type(loaded) is type(model) and loaded.arguments() == model.arguments()
+    if "name" in model.get_config():  # as Keras, only where the constructor takes a name
+        assert loaded.name == model.name
     assert_same_state(optimizer_state(model), optimizer_state(loaded))
     np.testing.assert_array_equal(loaded.predict(SHAPE_X, verbose=0), model.predict(SHAPE_X, verbose=0))
     for m in (model, loaded):
