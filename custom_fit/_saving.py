@@ -180,7 +180,12 @@ def _accepts(function: Callable[..., Any], name: str) -> bool:
 
 
 def _recording_arguments(compile_method: Callable[..., Any]) -> Callable[..., Any]:
-    """Wraps a subclass' own ``compile`` so that the outermost call records its arguments."""
+    """Wraps a subclass' own ``compile`` so that the outermost call records its arguments.
+
+    Those of a user's ``compile``: custom_fit's own (``CustomModel.compile``,
+    ``GAN.compile``) pass Keras what they receive, and Keras' compile config is saved.
+    """
+    own_signature = compile_method.__module__.partition(".")[0] != __name__.partition(".")[0]
 
     @functools.wraps(compile_method)
     def compile(self: Host, *args: Any, **kwargs: Any) -> Any:
@@ -193,7 +198,7 @@ def _recording_arguments(compile_method: Callable[..., Any]) -> Callable[..., An
             result = compile_method(self, *args, **kwargs)
         finally:
             state.recording_compile = False
-        state.compile_arguments = captured_arguments(compile_method, args, kwargs)
+        state.compile_arguments = captured_arguments(compile_method, args, kwargs) if own_signature else None
         after = optimizers.attribute_optimizers(self)
         state.rebuilt_optimizers.update({name: value for name, value in after.items() if before.get(name) is not value})
         self._after_compile()
