@@ -116,7 +116,7 @@ test-py313: $(PY313)/venv.installed
 	$(PY313_PYTEST) $(PY313_KERAS3_TESTS) -k "$(COMPAT_DESELECT)"
 	TF_USE_LEGACY_KERAS=1 $(PY313_PYTEST) $(PY313_KERAS2_TESTS) -k "$(COMPAT_DESELECT)"
 
-## tf_keras' own engine tests, as they are and with CustomModel swapped in (compat/keras2_peer.py).
+## tf_keras' own engine, saving and callback tests, as they are and with CustomModel swapped in (compat/keras2_peer.py).
 ## Needs a checkout of keras-team/tf-keras: make keras2-peer TF_KERAS_REPO=DIR (numbers: docs/testing.md).
 keras2-peer: $(STAMP)
 	$(if $(TF_KERAS_REPO),,$(error set TF_KERAS_REPO to a checkout of keras-team/tf-keras))

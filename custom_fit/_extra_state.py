@@ -11,6 +11,10 @@ kind of state is one
 * **optimizer assignment:** which model variables each named optimizer
   updates, so that its slots can be read into it before it ran
   (:func:`custom_fit._optimizers.save_assignment`);
+* **attribute optimizers' assignment:** the same for optimizers the model keeps
+  as attributes outside ``model.optimizer`` (made in ``__init__``, the
+  WGAN-GP shape): Keras saves their variables but reads them only into a built
+  optimizer (:func:`custom_fit._optimizers.save_attribute_assignment`);
 * **untracked variables:** variables layers keep as attributes that Keras does
   not track: raw ``tf.Variable``s on Keras 3 (tf_keras tracks them) and
   ``tf.random.Generator`` states on both. A model restored from a file would
@@ -86,6 +90,9 @@ def _load_seed_states(model: Any, saved: Mapping[str, Any]) -> None:
 #: What :func:`save` saves, in the order :func:`load` loads it.
 PARTS: tuple[ExtraState, ...] = (
     ExtraState("optimizer_variables_", optimizers.save_assignment, optimizers.load_assignment),
+    ExtraState(
+        "attribute_optimizer_variables_", optimizers.save_attribute_assignment, optimizers.load_attribute_assignment
+    ),
     ExtraState("untracked_variable_", _save_untracked, _load_untracked),
     ExtraState("seed_generator_state_", _save_seed_states, _load_seed_states),
 )

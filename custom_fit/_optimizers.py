@@ -36,12 +36,15 @@ __all__ = [
     "DEFAULT_OPTIMIZER",
     "UNSET",
     "NamedOptimizers",
+    "attribute_optimizers",
     "for_compile",
     "give_keras2_api",
     "group_attribute_optimizers",
     "load_assignment",
+    "load_attribute_assignment",
     "resolve",
     "save_assignment",
+    "save_attribute_assignment",
 ]
 
 #: The optimizer ``keras.Model.compile`` uses when it is given none.
@@ -464,7 +467,7 @@ def group_attribute_optimizers(model: Any) -> None:
     """
     if model.optimizer is not None:
         return
-    members = {name: value for name, value in vars(model).items() if isinstance(value, _compat.OPTIMIZER_CLASSES)}
+    members = attribute_optimizers(model)
     if members:
         group = NamedOptimizers(members)
         group._bookkeeping.from_attributes = True
@@ -517,3 +520,49 @@ def load_assignment(model: Any, saved: Mapping[str, Any]) -> None:
         for name, positions in saved.items():
             if name in group and not _compat.optimizer_built(group[name]):
                 group.build_member(name, [variables[int(i)] for i in np.asarray(positions)])
+
+
+def attribute_optimizers(model: Any) -> dict[str, Any]:
+    """``{attribute: optimizer}``: the optimizers ``model`` keeps as public attributes."""
+    return {
+        name: value
+        for name, value in vars(model).items()
+        if isinstance(value, _compat.OPTIMIZER_CLASSES) and not name.startswith("_")
+    }
+
+
+def _outside_the_group(model: Any) -> dict[str, Any]:
+    """:func:`attribute_optimizers` that are neither ``model.optimizer`` nor one of its named members."""
+    compiled: Any = getattr(model, "optimizer", None)
+    grouped = {id(compiled)} | {id(m) for m in getattr(compiled, "optimizers", [])}
+    return {name: value for name, value in attribute_optimizers(model).items() if id(value) not in grouped}
+
+
+def save_attribute_assignment(model: Any) -> dict[str, Any]:
+    """``{attribute: positions}``: which of ``model.trainable_variables`` each built attribute optimizer updates.
+
+    For an optimizer the model keeps as an attribute outside ``model.optimizer``
+    (made in ``__init__`` and used by the step, the WGAN-GP shape). Keras saves
+    its variables with the model's, but reads them only into a built optimizer:
+    :func:`load_attribute_assignment` builds it first, on the same variables.
+    """
+    variables = model.trainable_variables
+    positions = {id(v): i for i, v in enumerate(variables)}
+    return {
+        name: np.array([positions[id(v)] for v in _compat.variables_built_on(optimizer, variables)], "int64")
+        for name, optimizer in _outside_the_group(model).items()
+        if _compat.optimizer_built(optimizer)
+    }
+
+
+def load_attribute_assignment(model: Any, saved: Mapping[str, Any]) -> None:
+    """Builds each unbuilt attribute optimizer that :func:`save_attribute_assignment` saved built."""
+    present = _outside_the_group(model)
+    if not saved or not present:
+        return
+    variables = model.trainable_variables
+    with tf.init_scope(), model.distribute_strategy.scope():  # as load_assignment
+        for name, positions in saved.items():
+            optimizer = present.get(name)
+            if optimizer is not None and not _compat.optimizer_built(optimizer):
+                _compat.build_optimizer(optimizer, [variables[int(i)] for i in np.asarray(positions)])

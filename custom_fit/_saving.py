@@ -30,6 +30,7 @@ from typing import Any
 
 from custom_fit import _compat
 from custom_fit import _extra_state as extra_state
+from custom_fit import _optimizers as optimizers
 from custom_fit._compat import keras
 from custom_fit._host import Host
 from custom_fit._state import state_of
@@ -44,6 +45,14 @@ _SUB_LAYERS = "custom_fit_sub_layers"
 _SUB_LAYER_VARIABLES = "custom_fit_sub_layer_variables"
 # The compile config of a compile() with a signature of its own.
 _COMPILE_ARGUMENTS = "custom_fit_compile_arguments"
+# Keras' own compile config, saved for a compile() of its own whose arguments could not be:
+# load_model leaves the model uncompiled, as for keras.Model (never calls that compile() with it).
+_NOT_RECOMPILED = "custom_fit_not_recompiled"
+#: The arguments that can only be passed by position, in a config of captured arguments.
+POSITIONAL = "custom_fit_positional"
+# Keras' base keys of a layer config: set on the model from_config made when its constructor
+# does not take them (or swallows them).
+_BASE_KEYS = ("name", "trainable", "dtype")
 
 
 # --------------------------------------------------------------------------
@@ -54,29 +63,44 @@ _COMPILE_ARGUMENTS = "custom_fit_compile_arguments"
 def captured_arguments(
     function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> dict[str, Any] | None:
-    """``function``'s arguments by name (``**kwargs`` merged), or ``None`` if they cannot be named.
+    """``function``'s arguments by name (``**kwargs`` merged), or ``None`` if they do not bind.
 
-    ``function`` is an unbound method; its first parameter (``self``) is
-    left out. Positional ``*args`` cannot be passed back by name.
+    ``function`` is an unbound method; its first parameter (``self``) is left
+    out. What can only be passed by position (positional-only parameters, a
+    non-empty ``*args`` and the parameters before it) is kept, in order, as a
+    list under :data:`POSITIONAL`; :func:`call_with` passes it back so.
     """
     try:
         bound = inspect.signature(function).bind(None, *args, **kwargs)
     except TypeError:
         return None
-    parameters = list(inspect.signature(function).parameters.values())
+    parameters = list(inspect.signature(function).parameters.values())[1:]
+    by_position = any(p.kind is inspect.Parameter.VAR_POSITIONAL and bound.arguments.get(p.name) for p in parameters)
+    positional: list[Any] = []
     arguments: dict[str, Any] = {}
-    for parameter in parameters[1:]:
+    for parameter in parameters:
         if parameter.name not in bound.arguments:
             continue
         value = bound.arguments[parameter.name]
         if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
-            if value:
-                return None
+            positional.extend(value)
         elif parameter.kind is inspect.Parameter.VAR_KEYWORD:
             arguments.update(value)
+        elif parameter.kind is inspect.Parameter.POSITIONAL_ONLY or (
+            by_position and parameter.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+        ):
+            positional.append(value)
         else:
             arguments[parameter.name] = value
+    if positional:
+        arguments[POSITIONAL] = positional
     return arguments
+
+
+def call_with(function: Callable[..., Any], arguments: Mapping[str, Any]) -> Any:
+    """Calls ``function`` with what :func:`captured_arguments` recorded (deserialized)."""
+    keywords = dict(arguments)
+    return function(*keywords.pop(POSITIONAL, []), **keywords)
 
 
 def _is_plain(value: Any) -> bool:
@@ -156,7 +180,12 @@ def _accepts(function: Callable[..., Any], name: str) -> bool:
 
 
 def _recording_arguments(compile_method: Callable[..., Any]) -> Callable[..., Any]:
-    """Wraps a subclass' own ``compile`` so that the outermost call records its arguments."""
+    """Wraps a subclass' own ``compile`` so that the outermost call records its arguments.
+
+    Those of a user's ``compile``: custom_fit's own (``CustomModel.compile``,
+    ``GAN.compile``) pass Keras what they receive, and Keras' compile config is saved.
+    """
+    own_signature = compile_method.__module__.partition(".")[0] != __name__.partition(".")[0]
 
     @functools.wraps(compile_method)
     def compile(self: Host, *args: Any, **kwargs: Any) -> Any:
@@ -164,15 +193,55 @@ def _recording_arguments(compile_method: Callable[..., Any]) -> Callable[..., An
         if state.recording_compile:  # super().compile() from a subclass' compile
             return compile_method(self, *args, **kwargs)
         state.recording_compile = True
+        before = optimizers.attribute_optimizers(self)
         try:
             result = compile_method(self, *args, **kwargs)
         finally:
             state.recording_compile = False
-        state.compile_arguments = captured_arguments(compile_method, args, kwargs)
+        state.compile_arguments = captured_arguments(compile_method, args, kwargs) if own_signature else None
+        after = optimizers.attribute_optimizers(self)
+        state.rebuilt_optimizers.update({name: value for name, value in after.items() if before.get(name) is not value})
         self._after_compile()
         return result
 
     return compile
+
+
+def _recording_optimizers(init: Callable[..., Any]) -> Callable[..., Any]:
+    """Wraps a subclass' ``__init__`` so that the optimizers it keeps as attributes are known to be rebuilt.
+
+    Each constructor of the chain records when it returns; the outermost returns last.
+    """
+
+    @functools.wraps(init)
+    def recording_init(self: Host, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        state_of(self).rebuilt_optimizers = optimizers.attribute_optimizers(self)
+
+    # Keras 3 reads the constructor's arguments with `inspect.getfullargspec`, which does not
+    # follow `__wrapped__` but reads `__signature__`.
+    recording_init.__signature__ = inspect.signature(init)  # type: ignore[attr-defined]
+    return recording_init
+
+
+def _warn_unrebuilt_optimizers(model: Any) -> None:
+    """Warns about attribute optimizers that neither the constructor nor the model's own ``compile`` made."""
+    rebuilt = state_of(model).rebuilt_optimizers
+    lost = [
+        name
+        for name, value in optimizers.attribute_optimizers(model).items()
+        if rebuilt.get(name) is not value and value is not model.optimizer
+    ]
+    if lost:
+        warnings.warn(
+            f"{type(model).__name__} '{model.name}' keeps the optimizers {lost} as attributes, but neither its "
+            "constructor nor a compile() of its own made them (they were assigned later): load_model re-runs "
+            "only those, so the loaded model will not have them, and their state in the file is not read. "
+            "Expected every optimizer the training step uses to be made by __init__, or passed to compile(). "
+            f"Fix: create them in {type(model).__name__}.__init__, or pass them to compile(optimizer={{name: "
+            "optimizer}}) or to a compile() of the model's own; then they are saved and restored with their state.",
+            stacklevel=3,
+        )
 
 
 def _rebuild_lazy_sub_layers(model: Any, layer: Any, config: dict[str, Any], saved: int | None) -> None:
@@ -234,12 +303,26 @@ class Saving(Host):
         return instance
 
     def get_config(self) -> dict[str, Any]:
+        """Keras' config, or the constructor's recorded arguments with Keras' base keys.
+
+        The keys are those Keras writes: the base keys (``name``, ``trainable``,
+        ``dtype``) where ``__init__`` takes them back, then the arguments; the
+        model's own ``name`` and ``trainable``. A constructor may take them
+        through ``**kwargs`` and not pass them on to ``keras.Model`` (a subclass
+        forwarding ``**kwargs`` to a parent ``__init__`` that takes none):
+        :meth:`from_config` then makes the model without them and sets them.
+        Warns when the model keeps optimizers as attributes that ``load_model``
+        will not make again.
+        """
+        _warn_unrebuilt_optimizers(self)
         arguments = state_of(self).constructor_arguments
         if arguments is None or isinstance(self, (_compat.Functional, keras.Sequential)):
             return super().get_config()
-        # Keras' base keys (name, trainable, dtype; tf_keras: batch_input_shape), which
-        # `Layer.get_config` returns alone for a class with its own `get_config`; kept where
-        # `__init__` takes them back, as Keras' automatic config does.
+        own_from_config = type(self).from_config.__func__ is not Saving.from_config.__func__  # type: ignore[attr-defined]
+        if own_from_config and POSITIONAL in arguments:
+            return super().get_config()  # the class' from_config calls cls(**config)
+        # Keras' base keys, which `Layer.get_config` returns alone for a class with its own
+        # `get_config`; kept where `__init__` takes them back, as Keras' automatic config does.
         base = keras.layers.Layer.get_config(self)
         config = {k: v for k, v in base.items() if _accepts(type(self).__init__, k)}
         try:
@@ -248,12 +331,35 @@ class Saving(Host):
             if not _compat.SAVES_UNCONFIGURABLE_MODELS:  # Keras 3 raises too (less clearly)
                 raise
             return _saved_as_keras_saves(error, super().get_config(), "config")
+        # What the model has, also where its constructor swallowed what it was given.
+        config.update({k: base[k] for k in ("name", "trainable") if k in config})
         return config
 
     @classmethod
     def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> Any:
+        """The model :meth:`get_config` describes: its constructor called as it was, then the base keys set.
+
+        A base key the constructor rejects (``... got an unexpected keyword
+        argument 'name'``: it was not passed when the model was made) is left
+        out of the call and set on the model it made.
+        """
         config = {k: deserialize_argument(v, custom_objects) for k, v in config.items()}
-        return super().from_config(config, custom_objects)
+        base = {k: config[k] for k in _BASE_KEYS if k in config}
+        arguments = dict(config)
+        while True:
+            try:
+                if POSITIONAL in arguments:
+                    model = call_with(cls, arguments)
+                else:
+                    model = super().from_config(arguments, custom_objects)
+                break
+            except TypeError as error:
+                rejected = [k for k in _BASE_KEYS if k in arguments and f"argument '{k}'" in str(error)]
+                if not rejected:
+                    raise
+                del arguments[rejected[0]]
+        _compat.restore_base_config(model, base)
+        return model
 
     def get_build_config(self) -> dict[str, Any] | None:
         """Keras' build config; for a model built without being called, each sub-layer's.
@@ -305,6 +411,8 @@ class Saving(Host):
         super().__init_subclass__(**kwargs)
         if "compile" in vars(cls):
             setattr(cls, "compile", _recording_arguments(vars(cls)["compile"]))  # noqa: B010  (a subclass attribute)
+        if "__init__" in vars(cls):
+            cls.__init__ = _recording_optimizers(vars(cls)["__init__"])  # type: ignore[method-assign]
 
     def _after_compile(self) -> None:
         """Called after a subclass' own ``compile`` returned (``CustomModel`` groups attribute optimizers)."""
@@ -312,25 +420,29 @@ class Saving(Host):
     def get_compile_config(self) -> dict[str, Any] | None:
         """Keras' compile config, or the recorded arguments of a ``compile`` with its own signature.
 
-        ``None`` before ``compile``, as in Keras.
+        A ``compile`` of the model's own is always saved as the arguments it was
+        called with, never as Keras' config: Keras' config holds what it passed
+        on to ``keras.Model.compile``, and may bind to its signature through
+        ``**kwargs`` while leaving out its own arguments. ``None`` before
+        ``compile``, as in Keras.
         """
         config = super().get_compile_config()
         arguments = state_of(self).compile_arguments
-        if config is None or arguments is None or _binds(self.compile, config):
+        if config is None or arguments is None:
             return config
         try:
             return {_COMPILE_ARGUMENTS: _serialize_arguments(arguments, f"{type(self).__name__}.compile argument")}
         except NotImplementedError as error:  # Keras saves its own config (and warns at load)
-            return _saved_as_keras_saves(error, config, "compile config")
+            return _saved_as_keras_saves(error, {**config, _NOT_RECOMPILED: True}, "compile config")
 
     def compile_from_config(self, config: dict[str, Any]) -> None:
         """Re-runs ``compile`` from :meth:`get_compile_config` (used by ``load_model``)."""
         if _COMPILE_ARGUMENTS in config:
-            self.compile(**{k: deserialize_argument(v) for k, v in config[_COMPILE_ARGUMENTS].items()})
-        elif not _binds(self.compile, config):
-            # A compile() of its own saved by Keras (not by CustomModel):
-            # Keras' behaviour, a warning that compile() must be called.
-            super().compile_from_config(config)
+            call_with(self.compile, {k: deserialize_argument(v) for k, v in config[_COMPILE_ARGUMENTS].items()})
+        elif config.get(_NOT_RECOMPILED) or not _binds(self.compile, config):
+            # A compile() of its own saved by Keras (not by CustomModel), or whose arguments
+            # could not be saved: Keras' behaviour, a warning that compile() must be called.
+            super().compile_from_config({k: v for k, v in config.items() if k != _NOT_RECOMPILED})
             return
         else:
             self.compile(**keras.saving.deserialize_keras_object(config))

@@ -70,6 +70,8 @@ class ModelState:
         constructor_arguments: ``__init__``'s arguments by name, for ``get_config``.
         compile_arguments: A custom ``compile``'s arguments by name, for ``get_compile_config``.
         recording_compile: Whether a custom ``compile`` is being recorded now.
+        rebuilt_optimizers: ``{attribute: optimizer}``: the optimizers the model keeps as
+            attributes that its constructor or its own ``compile`` made (``load_model`` re-runs them).
         predict_function_steps: The steps the predict function was made for.
     """
 
@@ -82,6 +84,7 @@ class ModelState:
     constructor_arguments: dict[str, Any] | None = None
     compile_arguments: dict[str, Any] | None = None
     recording_compile: bool = False
+    rebuilt_optimizers: dict[str, Any] = dataclasses.field(default_factory=dict)
     predict_function_steps: int | None = None
 
 

@@ -106,6 +106,10 @@ class StepFunctions(_compat.TrainerHooks):
             self._build_optimizer_while_tracing()
             with state_of(self).diagnostics.tracing_train_step():
                 logs = self.train_step(data)
+            # A model its own step built, whose compiled optimizer the step does not use (it
+            # updates with optimizers kept as attributes): still in the first trace, where
+            # tf.function lets variables be created (a later trace must not).
+            self._build_optimizer_while_tracing()
         _compat.mark_built_if_complete(self)  # sub-models without an input shape are built by now
         if isinstance(self.optimizer, NamedOptimizers):
             self.optimizer.count_step()

@@ -647,3 +647,306 @@ def test_unserializable_custom_compile_argument_saves_as_keras_saves_with_a_warn
     assert not hasattr(loaded, "loss_fn")
     for expected, got in zip(gan.get_weights(), loaded.get_weights(), strict=True):
         np.testing.assert_array_equal(got, expected)
+
+
+# --------------------------------------------------------------------------
+# Every way a constructor and a compile of the model's own take their arguments
+# --------------------------------------------------------------------------
+
+SHAPE_X = np.random.default_rng(3).normal(size=(16, 4)).astype("float32")
+SHAPE_Y = np.random.default_rng(4).normal(size=(16, 1)).astype("float32")
+
+
+def encoder():
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+
+
+class Net(custom_fit.CustomModel):
+    """An encoder and a head; the step updates them with the optimizers :meth:`updates` names."""
+
+    def make_head(self):
+        self.head = keras.layers.Dense(1)
+
+    def call(self, x):
+        return self.head(self.encoder(x))
+
+    def updates(self):
+        """``[(attribute holding an optimizer, the variables it updates)]``."""
+        return [("optimizer", self.trainable_variables)]
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape(persistent=True) as tape:
+            loss = tf.reduce_mean(tf.square(self(x, training=True) - y))
+        for attribute, variables in self.updates():
+            grads = tape.gradient(loss, variables)
+            getattr(self, attribute).apply_gradients(zip(grads, variables, strict=True))
+        return {"loss": loss}
+
+    def arguments(self):
+        """What the constructor received, as the model holds it (compared after load)."""
+        return {k: getattr(self, k) for k in ("units", "scale", "probe", "extra") if hasattr(self, k)}
+
+
+def _registered(cls):
+    return keras.saving.register_keras_serializable(package="custom_fit_signatures")(cls)
+
+
+@_registered
+class Positional(Net):
+    def __init__(self, encoder, units):
+        super().__init__()
+        self.encoder, self.units = encoder, units
+        self.make_head()
+
+
+@_registered
+class Keywords(Net):
+    def __init__(self, encoder, units=3, **kwargs):
+        super().__init__(**kwargs)
+        self.encoder, self.units = encoder, units
+        self.make_head()
+
+
+@_registered
+class Trainer(Net):
+    """A parent whose ``__init__`` takes no ``**kwargs`` (and passes none to ``keras.Model``)."""
+
+    def __init__(self, encoder, probe=None):
+        super().__init__()
+        self.encoder, self.probe = encoder, probe
+        self.make_head()
+
+
+@_registered
+class ForwardsToTrainer(Trainer):
+    """The SimCLR trainer's shape: ``**kwargs`` forwarded to a parent that takes none of Keras' keys."""
+
+    def __init__(self, encoder, scale=0.5, **kwargs):
+        super().__init__(encoder, **kwargs)
+        self.scale = scale
+
+
+@_registered
+class SwallowsKwargs(Net):
+    """Takes ``**kwargs`` and passes none of them on."""
+
+    def __init__(self, encoder, **kwargs):
+        super().__init__()
+        self.encoder = encoder
+        self.make_head()
+
+
+@_registered
+class NoArguments(Net):
+    def __init__(self):
+        super().__init__()
+        self.encoder = encoder()
+        self.make_head()
+
+
+@_registered
+class PositionalOnly(Net):
+    def __init__(self, encoder, /, *extra):
+        super().__init__()
+        self.encoder, self.extra = encoder, list(extra)
+        self.make_head()
+
+
+@_registered
+class KeywordOnly(Net):
+    def __init__(self, *, encoder, units=2, **kwargs):
+        super().__init__(**kwargs)
+        self.encoder, self.units = encoder, units
+        self.make_head()
+
+
+CONSTRUCTIONS = {
+    "positional": lambda: Positional(encoder(), 5),
+    "keywords, name passed": lambda: Keywords(encoder(), units=4, name="keywords_named"),
+    "keywords, defaults": lambda: Keywords(encoder()),
+    "kwargs forwarded to a parent taking none": lambda: ForwardsToTrainer(encoder(), scale=0.1),
+    "kwargs forwarded, parent's argument by keyword": lambda: ForwardsToTrainer(encoder(), probe="linear"),
+    "kwargs not forwarded, name passed": lambda: SwallowsKwargs(encoder(), name="swallowed"),
+    "parent taking none": lambda: NoArguments(),
+    "positional-only and *args": lambda: PositionalOnly(encoder(), 1, "two"),
+    "keyword-only": lambda: KeywordOnly(encoder=encoder(), units=6, trainable=True),
+}
+
+
+def optimizer_state(model: Any) -> dict[str, list[np.ndarray]]:
+    """Every optimizer the step uses, by attribute: its variables (``iterations`` and slots)."""
+    return {name: [v.numpy() for v in getattr(model, name).variables] for name, _ in model.updates()}
+
+
+def assert_same_state(expected: dict[str, list[np.ndarray]], got: dict[str, list[np.ndarray]]) -> None:
+    assert expected.keys() == got.keys()
+    for name in expected:
+        assert len(got[name]) == len(expected[name]) > 1, name  # built: iterations and slots
+        for e, g in zip(expected[name], got[name], strict=True):
+            np.testing.assert_array_equal(g, e)
+
+
+def assert_round_trip(model: Any, path: Any) -> Any:
+    """Trains ``model`` (compiled) 2 steps, saves and loads it, trains both 2 more: everything equal.
+
+    Returns the loaded model.
+    """
+    model.fit(SHAPE_X, SHAPE_Y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert type(loaded) is type(model) and loaded.arguments() == model.arguments()
+    if "name" in model.get_config():  # as Keras, only where the constructor takes a name
+        assert loaded.name == model.name
+    assert_same_state(optimizer_state(model), optimizer_state(loaded))
+    np.testing.assert_array_equal(loaded.predict(SHAPE_X, verbose=0), model.predict(SHAPE_X, verbose=0))
+    for m in (model, loaded):
+        m.fit(SHAPE_X, SHAPE_Y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    assert_same_state(optimizer_state(model), optimizer_state(loaded))
+    for expected, got in zip(model.get_weights(), loaded.get_weights(), strict=True):
+        np.testing.assert_array_equal(got, expected)
+    return loaded
+
+
+@pytest.mark.parametrize("construction", list(CONSTRUCTIONS))
+def test_every_constructor_shape_saves_and_loads_with_its_arguments(construction, tmp_path):
+    """Fails before 0.4 for the forwarded ``**kwargs`` (``Trainer.__init__() got an unexpected keyword 'name'``)."""
+    keras.utils.set_random_seed(SEED)
+    model = CONSTRUCTIONS[construction]()
+    model.compile(optimizer="adam")
+    assert_round_trip(model, tmp_path / "m.keras")
+
+
+@_registered
+class InitOptimizers(Net):
+    """The WGAN-GP shape: optimizers made in ``__init__``, used by the step; no compile of its own."""
+
+    def __init__(self, encoder, **kwargs):
+        super().__init__(**kwargs)
+        self.encoder = encoder
+        self.make_head()
+        self.d_optimizer = keras.optimizers.Adam(1e-3)
+        self.g_optimizer = keras.optimizers.SGD(1e-2, momentum=0.9)
+
+    def updates(self):
+        return [("d_optimizer", self.encoder.trainable_variables), ("g_optimizer", self.head.trainable_variables)]
+
+
+@pytest.mark.parametrize("compiled_with", [{}, {"optimizer": "sgd", "loss": "mse"}])
+def test_optimizers_made_in_init_are_saved_with_their_state(compiled_with, tmp_path):
+    """Fails before 0.4: the loaded optimizers restarted at iteration 0 (Keras skipped their saved variables)."""
+    keras.utils.set_random_seed(SEED)
+    model = InitOptimizers(encoder())
+    model.compile(**compiled_with)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert_round_trip(model, tmp_path / "m.keras")
+    assert not [w for w in caught if "Skipping variable loading" in str(w.message)]  # Keras 3 skipped them
+
+
+def test_an_optimizer_assigned_later_makes_save_warn_naming_it(tmp_path):
+    keras.utils.set_random_seed(SEED)
+    model = InitOptimizers(encoder())
+    model.compile()
+    model.fit(SHAPE_X, SHAPE_Y, batch_size=8, epochs=1, verbose=0)
+    model.later_optimizer = keras.optimizers.Adam()
+    with pytest.warns(UserWarning, match=r"\['later_optimizer'\].*assigned later.*Fix: create them in InitOptimizers"):
+        model.save(tmp_path / "m.keras")
+
+
+class CompiledNet(Net):
+    def __init__(self, encoder, **kwargs):
+        super().__init__(**kwargs)
+        self.encoder = encoder
+        self.make_head()
+
+    def updates(self):
+        return [("opt", self.trainable_variables)]
+
+
+@_registered
+class CompilePositional(CompiledNet):
+    def compile(self, opt):  # type: ignore[override]  # the signature under test
+        super().compile()
+        self.opt = opt
+
+    def updates(self):
+        return [("opt", self.trainable_variables)]
+
+
+@_registered
+class CompileDefault(CompiledNet):
+    def compile(self, opt=None):
+        super().compile()
+        self.opt = opt
+
+
+@_registered
+class CompileDefaultKwargs(CompiledNet):
+    """The issue's shape: Keras' own compile config binds through ``**kwargs`` and lacks ``opt``."""
+
+    def compile(self, opt=None, **kwargs):  # type: ignore[override]  # the signature under test
+        super().compile(**kwargs)
+        self.opt = opt
+
+
+@_registered
+class CompileRequiredKwargs(CompiledNet):
+    def compile(self, opt, **kwargs):  # type: ignore[override]  # the signature under test
+        super().compile(**kwargs)
+        self.opt = opt
+
+
+@_registered
+class CompilePositionalOnly(CompiledNet):
+    def compile(self, opt, /, *args, **kwargs):  # type: ignore[override]  # the signature under test
+        super().compile(*args, **kwargs)
+        self.opt = opt
+
+
+@_registered
+class CompileKerasArguments(CompiledNet):
+    """Keras' own arguments, by position too, and one optimizer of its own next to the compiled one."""
+
+    def compile(self, optimizer="adam", loss=None, *args, head_optimizer=None, **kwargs):
+        super().compile(optimizer, loss, *args, **kwargs)
+        self.head_optimizer = head_optimizer
+
+    def updates(self):
+        # The compiled optimizer on every variable: load_model builds it so, as keras.Model's does.
+        return [("optimizer", self.trainable_variables), ("head_optimizer", self.head.trainable_variables)]
+
+
+@_registered
+class CompileTransforming(CompiledNet):
+    """Passes Keras other values than it received: Keras' config cannot re-run it."""
+
+    def compile(self, learning_rate=1e-3, **kwargs):  # type: ignore[override]  # the signature under test
+        super().compile(optimizer=keras.optimizers.Adam(learning_rate * 2), **kwargs)
+
+    def updates(self):
+        return [("optimizer", self.trainable_variables)]
+
+
+COMPILES = {
+    "positional": (CompilePositional, lambda m: m.compile(keras.optimizers.Adam(1e-3))),
+    "keyword with a default": (CompileDefault, lambda m: m.compile(opt=keras.optimizers.Adam(1e-3))),
+    "default and **kwargs": (CompileDefaultKwargs, lambda m: m.compile(opt=keras.optimizers.Adam(1e-3), loss="mse")),
+    "required and **kwargs": (CompileRequiredKwargs, lambda m: m.compile(keras.optimizers.SGD(0.1), jit_compile=False)),
+    "positional-only, *args": (CompilePositionalOnly, lambda m: m.compile(keras.optimizers.Adam(), None, "mse")),
+    "Keras' own by position": (
+        CompileKerasArguments,
+        lambda m: m.compile("adam", "mse", head_optimizer=keras.optimizers.SGD(0.1), metrics=["mae"]),
+    ),
+    "transforming Keras' own": (CompileTransforming, lambda m: m.compile(learning_rate=0.01, loss="mse")),
+}
+
+
+@pytest.mark.parametrize("signature", list(COMPILES))
+def test_every_custom_compile_signature_is_recompiled_with_its_arguments(signature, tmp_path):
+    """Fails before 0.4 for ``compile(self, opt=None, **kwargs)``: Keras' config was saved, the loaded ``opt`` None."""
+    cls, compile = COMPILES[signature]
+    keras.utils.set_random_seed(SEED)
+    model = cls(encoder())
+    compile(model)
+    assert_round_trip(model, tmp_path / "m.keras")

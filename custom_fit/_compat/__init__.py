@@ -111,6 +111,7 @@ call_symbolically = _version.call_symbolically
 optimizer_built = _version.optimizer_built
 random_normal = _version.random_normal
 random_uniform = _version.random_uniform
+restore_base_config = _version.restore_base_config
 scale_loss = _version.scale_loss
 scale_loss_for_distribution = _version.scale_loss_for_distribution
 seed_generator_states = _version.seed_generator_states
@@ -178,6 +179,7 @@ __all__ = [
     "recording",
     "replica_context_with_peers",
     "rescale_gradients",
+    "restore_base_config",
     "scale_loss",
     "scale_loss_for_distribution",
     "seed_generator_states",

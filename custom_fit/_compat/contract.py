@@ -179,6 +179,9 @@ class KerasVersion(Protocol):
     def variables_built_on(self, optimizer: KerasObject, candidates: Any) -> list[Any]:
         """The candidates ``optimizer`` keeps state for, in the order it was built on them."""
 
+    def restore_base_config(self, layer: KerasObject, config: dict[str, Any]) -> None:
+        """Sets ``layer``'s ``name``, ``trainable`` and ``dtype`` from ``config`` where they differ."""
+
     # -- diagnostics and saving ----------------------------------------------------------
 
     def counting_regularizer_calls(

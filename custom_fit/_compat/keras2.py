@@ -94,6 +94,7 @@ __all__ = [
     "random_normal",
     "random_uniform",
     "rescale_gradients",
+    "restore_base_config",
     "scale_loss",
     "scale_loss_for_distribution",
     "seed_generator_states",
@@ -441,6 +442,23 @@ def wrap_for_loss_scaling(optimizer: Any, name: str) -> Any:
 #: ``loss_scaled(model, optimizer)``: ``optimizer`` in a ``LossScaleOptimizer`` (made once) when
 #: ``model`` runs in ``mixed_float16``, as Keras 2's ``compile`` wraps the compiled one.
 loss_scaled = loss_scaling(LossScaleOptimizer, LossScaleOptimizer)
+
+
+def restore_base_config(layer: Any, config: dict[str, Any]) -> None:
+    """Sets ``layer``'s name (``Layer._name``), ``trainable`` and dtype policy from ``config`` where they differ.
+
+    For a model made without them (its constructor does not pass them on to
+    ``tf.keras.Model``); before it is built, as the constructor would have set them.
+    """
+    if "name" in config and layer.name != config["name"]:
+        layer._name = config["name"]
+    if "trainable" in config and layer.trainable != config["trainable"]:
+        layer.trainable = config["trainable"]
+    if config.get("dtype") is not None:
+        before = layer.dtype_policy
+        layer._set_dtype_policy(config["dtype"])  # a name or a policy's config, as the constructor takes it
+        if layer.dtype_policy.name == before.name:
+            layer._set_dtype_policy(before)
 
 
 def variables_built_on(optimizer: Any, candidates: Any) -> list[Any]:

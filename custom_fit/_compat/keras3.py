@@ -84,6 +84,7 @@ __all__ = [
     "random_normal",
     "random_uniform",
     "rescale_gradients",
+    "restore_base_config",
     "scale_loss",
     "scale_loss_for_distribution",
     "seed_generator_states",
@@ -449,6 +450,22 @@ def variables_built_on(optimizer: Any, candidates: Any) -> list[Any]:
     inner = getattr(optimizer, "inner_optimizer", optimizer)
     wanted = {id(v) for v in candidates}
     return [v for v in inner._trainable_variables if id(v) in wanted]
+
+
+def restore_base_config(layer: Any, config: dict[str, Any]) -> None:
+    """Sets ``layer``'s ``name``, ``trainable`` and dtype policy from ``config`` (Keras' base keys) where they differ.
+
+    For a model made without them (its constructor does not pass them on to
+    ``keras.Model``); before it is built, as the constructor would have set them.
+    """
+    if "name" in config and layer.name != config["name"]:
+        layer.name = config["name"]
+    if "trainable" in config and layer.trainable != config["trainable"]:
+        layer.trainable = config["trainable"]
+    if config.get("dtype") is not None:
+        policy = keras.dtype_policies.get(config["dtype"])
+        if policy.name != layer.dtype_policy.name:
+            layer.dtype_policy = policy
 
 
 # --------------------------------------------------------------------------
