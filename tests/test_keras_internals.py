@@ -265,7 +265,7 @@ EXTENSION_POINTS = {
     ),
     "custom_fit._optimizers.NamedOptimizers.from_config": "public serialization of the group",
     "custom_fit._step_functions.StepFunctions.fit": (
-        "calls Keras 2's fit (super) unchanged, with the running call recorded around it; Loop.fit replaces it on Keras 3"
+        "calls Keras 2's fit (super) unchanged, recording the running call around it; Loop.fit replaces it on Keras 3"
     ),
     "custom_fit._compat.keras3._LoggedValuesList.result": "Metric.result, the public metric API",
     "custom_fit._compat.common.CountingCall.__call__": "Regularizer.__call__, the public regularizer API",
