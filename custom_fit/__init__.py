@@ -52,10 +52,11 @@ from typing import Any
 
 # Eager imports: `import custom_fit` loads TensorFlow and Keras and registers custom_fit's classes
 # with Keras, so that `keras.models.load_model` finds them after a bare `import custom_fit`.
-from custom_fit import _deprecated, gan, random
+from custom_fit import _compat, _deprecated, gan, random
 from custom_fit._backup_and_restore import BackupAndRestore
 from custom_fit._backup_store import BackupDirectoryInUseError, BackupStore, IncompleteBackupWarning
-from custom_fit._compat import KERAS_2, KERAS_VERSION, UnreviewedKerasWarning, keras
+from custom_fit._compat import KERAS_2, keras
+from custom_fit._compat.internals import UnreviewedKerasWarning
 from custom_fit._compiled import CompiledLoss, CompiledMetrics
 from custom_fit._diagnostics import (
     MissingGradientWarning,
@@ -68,6 +69,9 @@ from custom_fit._model import CustomModel, CustomSequential
 from custom_fit._optimizers import NamedOptimizers
 from custom_fit._step_fusion import StepsPerExecutionTuner
 from custom_fit.gan import GAN
+
+#: The Keras in use as text: ``"keras 3.15.1"`` or ``"tf_keras 2.21.0"``.
+KERAS_VERSION: str = _compat.version.KERAS_VERSION
 
 _deprecated.register_aliases()
 

@@ -36,7 +36,7 @@ import tensorflow as tf
 
 from custom_fit import _compat
 from custom_fit._backup_store import BackupStore
-from custom_fit._compat import keras
+from custom_fit._compat import keras, version
 from custom_fit._loop import fit_position
 from custom_fit._preemption import EPOCH_END, PREEMPTION_EXIT_CODE, Boundary, ClusterAgreement, PreemptionNotice
 from custom_fit._progress import EpochPosition
@@ -230,7 +230,7 @@ class BackupAndRestore(keras.callbacks.Callback):
                 f"save_freq must be 'epoch' or a positive number of training steps, received {save_freq!r}. "
                 "Fix: BackupAndRestore(backup_dir, save_freq='epoch') or save_freq=100."
             )
-        if is_steps and not _compat.RESUMES_MID_EPOCH:
+        if is_steps and not version.RESUMES_MID_EPOCH:
             raise ValueError(
                 f"BackupAndRestore(save_freq={save_freq}) resumes in the middle of an epoch, which custom_fit "
                 "can do on Keras 3 only: tf_keras' data handler cannot start an epoch after the batches "
@@ -273,7 +273,7 @@ class BackupAndRestore(keras.callbacks.Callback):
                 f"loop, but the model is a {type(self.model).__name__}. Fix: use custom_fit.CustomModel "
                 "(also as CustomModel(inputs, outputs)) or custom_fit.CustomSequential, or save_freq='epoch'."
             )
-        if _compat.RESUMES_ONLY_CUSTOM_FIT_MODELS and not isinstance(self.model, _compat.TrainerHooks):
+        if version.RESUMES_ONLY_CUSTOM_FIT_MODELS and not isinstance(self.model, _compat.TrainerHooks):
             raise TypeError(
                 "custom_fit.BackupAndRestore on Keras 2 resumes through custom_fit's fit loop, but the model is "
                 f"a {type(self.model).__name__}. Fix: use custom_fit.CustomModel (also as CustomModel(inputs, "
@@ -287,7 +287,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         if self.save_before_preemption:
             self._arm_preemption_notice()
         self._resume = self._store.load_latest(self._load)
-        _compat.set_initial_epoch(self.model, self._resume.epoch if self._resume else None)
+        version.set_initial_epoch(self.model, self._resume.epoch if self._resume else None)
         self._hook_states = list(self._resume.hook_states) if self._resume else []
         if self._position is not None:
             self._position.resume = self._resume
@@ -373,7 +373,7 @@ class BackupAndRestore(keras.callbacks.Callback):
 
         The next ``fit`` starts at its own ``initial_epoch``.
         """
-        _compat.set_initial_epoch(self.model, None)
+        version.set_initial_epoch(self.model, None)
         self._stop_watching()
         if self._writes:
             if self.delete_checkpoint:
@@ -445,7 +445,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         )
 
         def fill(directory: Path) -> None:
-            self.model.save_weights(str(directory / _compat.BACKUP_WEIGHTS_FILE))
+            self.model.save_weights(str(directory / version.BACKUP_WEIGHTS_FILE))
             backup.write(directory)
 
         if self._writes:
@@ -466,9 +466,9 @@ class BackupAndRestore(keras.callbacks.Callback):
             )
         optimizer = self.model.optimizer
         # Its state is read only into a built optimizer.
-        if optimizer is not None and not _compat.optimizer_built(optimizer) and not hasattr(optimizer, "build_member"):
-            _compat.build_optimizer(optimizer, self.model.trainable_variables)
-        self.model.load_weights(str(directory / _compat.BACKUP_WEIGHTS_FILE))
+        if optimizer is not None and not version.optimizer_built(optimizer) and not hasattr(optimizer, "build_member"):
+            version.build_optimizer(optimizer, self.model.trainable_variables)
+        self.model.load_weights(str(directory / version.BACKUP_WEIGHTS_FILE))
         return backup
 
     def _restore_metrics(self, values: list[list[np.ndarray]]) -> None:
@@ -518,5 +518,5 @@ def _epoch_metrics(model: keras.Model) -> list[Any]:
     without a loss only once a step has reported a loss, which a resumed run
     has not done yet when it restores them.)
     """
-    tracker = _compat.loss_tracker(model)
+    tracker = version.loss_tracker(model)
     return ([tracker] if tracker is not None else []) + [m for m in model.metrics if m is not tracker]

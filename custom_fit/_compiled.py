@@ -36,7 +36,8 @@ from typing import Any
 
 from custom_fit import _compat
 from custom_fit import _logged_values as epoch_means
-from custom_fit._compat import keras
+from custom_fit._compat import keras, version
+from custom_fit._compat.common import batch_size_of
 from custom_fit._host import Host
 
 __all__ = ["CompiledAttributes", "CompiledLoss", "CompiledMetrics"]
@@ -44,10 +45,10 @@ __all__ = ["CompiledAttributes", "CompiledLoss", "CompiledMetrics"]
 
 def _keras_3_only(model: Any, name: str, attribute: str) -> None:
     """Refuses to make ``name`` on Keras 2, where ``model.<attribute>`` is Keras' own."""
-    if _compat.HAS_COMPILED_LOSS_ATTRIBUTES:
+    if version.HAS_COMPILED_LOSS_ATTRIBUTES:
         raise ValueError(
             f"custom_fit.{name} gives Keras 3 models Keras 2's `model.{attribute}`; this process "
-            f"runs Keras 2 ({_compat.KERAS_VERSION}, TF_USE_LEGACY_KERAS=1), where model "
+            f"runs Keras 2 ({version.KERAS_VERSION}, TF_USE_LEGACY_KERAS=1), where model "
             f"'{model.name}' has Keras' own. Expected a Keras 3 model, received a tf_keras one. "
             f"Fix: use `model.{attribute}` itself."
         )
@@ -111,14 +112,14 @@ class CompiledLoss:
                 "`model.compile(optimizer=..., loss=...)` with a loss."
             )
         total = _compat.keras3_only.sum_losses(losses)
-        if _compat.loss_tracker(model) is not None:
-            epoch_means.add_to_loss_tracker(model, total, _compat.batch_size_of(y_pred))
+        if version.loss_tracker(model) is not None:
+            epoch_means.add_to_loss_tracker(model, total, batch_size_of(y_pred))
         return total
 
     @property
     def metrics(self) -> list:
         """The loss trackers this object updates (``loss`` and per-output losses)."""
-        tracker = _compat.loss_tracker(self._model)
+        tracker = version.loss_tracker(self._model)
         trackers = [tracker] if tracker is not None else []
         return trackers + _compat.keras3_only.compiled_loss_trackers(self._model)
 
@@ -142,27 +143,27 @@ class CompiledMetrics:
 
     def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
         """Updates the compiled ``metrics`` and ``weighted_metrics`` (not the loss)."""
-        container = _compat.compiled_metrics_container(self._model)
+        container = version.compiled_metrics_container(self._model)
         if container is not None:
             container.update_state(y_true, y_pred, sample_weight)
 
     def result(self) -> dict:
         """A flat ``{name: value}`` dict of the compiled metrics (empty before the first update)."""
-        container = _compat.compiled_metrics_container(self._model)
+        container = version.compiled_metrics_container(self._model)
         if container is None or not container.built:
             return {}
         return dict(container.result())
 
     def reset_state(self) -> None:
         """Resets the compiled metrics."""
-        container = _compat.compiled_metrics_container(self._model)
+        container = version.compiled_metrics_container(self._model)
         if container is not None:
             container.reset_state()
 
     @property
     def metrics(self) -> list:
         """The individual compiled metric objects (empty until the first update)."""
-        container = _compat.compiled_metrics_container(self._model)
+        container = version.compiled_metrics_container(self._model)
         return list(container.metrics) if container is not None else []
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from custom_fit import _compat
+from custom_fit._compat import version
 from custom_fit._optimizers import NamedOptimizers
 from custom_fit._per_replica import PerReplica
 
@@ -106,7 +106,7 @@ class StepDiagnostics:
         track (no optimizer updates them).
         """
         self._trace.set(_Trace())
-        with _compat.counting_regularizer_calls(self._model) as counters:
+        with version.counting_regularizer_calls(self._model) as counters:
             calls_before = {key: counter.calls for key, counter in counters.items()}
             yield
             calls = {key: counter.calls - calls_before[key] for key, counter in counters.items()}
@@ -141,7 +141,7 @@ class StepDiagnostics:
             ValueError: No variable has a gradient.
         """
         model = self._model
-        missing = _compat.variable_names(model, [v for g, v in zip(gradients, variables, strict=True) if g is None])
+        missing = version.variable_names(model, [v for g, v in zip(gradients, variables, strict=True) if g is None])
         if not missing:
             return list(zip(gradients, variables, strict=True))
         if len(missing) == len(variables):
@@ -163,11 +163,11 @@ class StepDiagnostics:
             "the tape, leave them out of the `variables` you pass, or set "
             "their layer's `trainable = False` and recompile.",
         )
-        if not _compat.optimizer_built(optimizer):
+        if not version.optimizer_built(optimizer):
             # Build on every variable, as Keras does when it filters `None`s,
             # so optimizer state does not depend on which gradients exist.
             with tf.init_scope():
-                _compat.build_optimizer(optimizer, list(variables))
+                version.build_optimizer(optimizer, list(variables))
         return [(g, v) for g, v in zip(gradients, variables, strict=True) if g is not None]
 
     # -- warnings --------------------------------------------------------------
@@ -185,7 +185,7 @@ class StepDiagnostics:
         its handle); in eager mode (``run_eagerly``) nothing is traced, and
         nothing is checked.
         """
-        untracked = [u for u in _compat.untracked_variables(self._model) if u.variable.trainable]
+        untracked = [u for u in version.untracked_variables(self._model) if u.variable.trainable]
         if not untracked or not tf.inside_function():
             return
         captured = _captured_in_trace()

@@ -31,8 +31,8 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from custom_fit import _compat
 from custom_fit import _optimizers as optimizers
+from custom_fit._compat import version
 
 __all__ = ["PARTS", "ExtraState", "load", "save", "split"]
 
@@ -54,11 +54,11 @@ class ExtraState:
 
 
 def _save_untracked(model: Any) -> dict[str, Any]:
-    return {_untracked_key(u): u.variable.numpy() for u in _compat.untracked_variables(model)}
+    return {_untracked_key(u): u.variable.numpy() for u in version.untracked_variables(model)}
 
 
 def _load_untracked(model: Any, saved: Mapping[str, Any]) -> None:
-    present = {_untracked_key(u): u for u in _compat.untracked_variables(model)}
+    present = {_untracked_key(u): u for u in version.untracked_variables(model)}
     missing = [key.split("_", 1) for key in saved if key not in present]
     if missing:
         raise ValueError(
@@ -78,11 +78,11 @@ def _untracked_key(untracked: Any) -> str:
 
 
 def _save_seed_states(model: Any) -> dict[str, Any]:
-    return {str(i): state for i, state in enumerate(_compat.seed_generator_states(model))}
+    return {str(i): state for i, state in enumerate(version.seed_generator_states(model))}
 
 
 def _load_seed_states(model: Any, saved: Mapping[str, Any]) -> None:
-    for i, state in enumerate(_compat.seed_generator_states(model)):
+    for i, state in enumerate(version.seed_generator_states(model)):
         if str(i) in saved:
             state.assign(saved[str(i)])
 

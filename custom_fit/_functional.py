@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from custom_fit import _compat
+from custom_fit._compat import version
 
 __all__ = ["functional_twin", "is_twin"]
 
@@ -37,8 +37,8 @@ def functional_twin(cls: type) -> type:
     if twin is None:
         name = f"{cls.__module__.replace('.', _DOT)}{_SEPARATOR}{cls.__qualname__.replace('.', _DOT)}"
         attributes = {"__module__": __name__, "__qualname__": name, "__doc__": cls.__doc__}
-        twin = type(cls.__name__, (cls, _compat.Functional), attributes)
-        _compat.share_registered_name(twin, cls)
+        twin = type(cls.__name__, (cls, version.Functional), attributes)
+        version.share_registered_name(twin, cls)
         _twins[cls] = twin
     return twin
 

@@ -38,7 +38,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from custom_fit import _compat
+from custom_fit._compat import version
+from custom_fit._compat.common import replica_context_with_peers
 from custom_fit._diagnostics import GradsAndVars
 from custom_fit._per_replica import PerReplica
 
@@ -96,13 +97,13 @@ def true_gradients(optimizer: Any, grads_and_vars: GradsAndVars) -> tuple[GradsA
         step, and the :class:`Handoff` :func:`hand_over` needs.
     """
     variables = [v for _, v in grads_and_vars]
-    gradients = _compat.unscale_gradients(optimizer, [g for g, _ in grads_and_vars])
+    gradients = version.unscale_gradients(optimizer, [g for g, _ in grads_and_vars])
     pairs = list(zip(gradients, variables, strict=True))
-    context = _compat.replica_context_with_peers()
+    context = replica_context_with_peers()
     if context is not None:
-        pairs = _compat.sum_across_replicas(context, optimizer, pairs)
+        pairs = version.sum_across_replicas(context, optimizer, pairs)
     finite = None
-    if isinstance(optimizer, _compat.LossScaleOptimizer):
+    if isinstance(optimizer, version.LossScaleOptimizer):
         finite = _all_finite([g for g, _ in pairs])
         pairs = [(_map_values(g, lambda t: tf.where(finite, t, tf.zeros((), t.dtype))), v) for g, v in pairs]
     return pairs, Handoff(optimizer, finite, summed=context is not None)
@@ -145,12 +146,12 @@ def hand_over(optimizer: Any, grads_and_vars: GradsAndVars) -> None:
     handoff.used = True
     if handoff.finite is not None:
         finite = handoff.finite
-        gradients = _compat.rescale_gradients(optimizer, [g for g, _ in grads_and_vars])
+        gradients = version.rescale_gradients(optimizer, [g for g, _ in grads_and_vars])
         gradients = [
             _map_values(g, lambda t: tf.where(finite, t, tf.constant(float("nan"), t.dtype))) for g in gradients
         ]
         grads_and_vars = list(zip(gradients, [v for _, v in grads_and_vars], strict=True))
-    with _compat.gradients_already_summed(optimizer) if handoff.summed else contextlib.nullcontext():
+    with version.gradients_already_summed(optimizer) if handoff.summed else contextlib.nullcontext():
         optimizer.apply_gradients(grads_and_vars)
 
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from custom_fit import _compat
+from custom_fit._compat import version
+from custom_fit._compat.common import batch_size_of, is_scalar
 from custom_fit._state import state_of
 from custom_fit._value_trackers import LoggedValues
 
@@ -39,13 +40,13 @@ def trackers_of(model: Any) -> LoggedValues:
 
 def log(model: Any, batch: Any, values: Mapping[str, Any]) -> None:
     """``model.log_values(batch, **values)``: adds each value to its epoch mean (see ``CustomModel.log_values``)."""
-    if not _compat.is_compiled(model):
+    if not version.is_compiled(model):
         raise ValueError(
             f"log_values() needs a compiled model: expected `compile()` to have "
             f"created trackers for {list(model.logged_values)}; model '{model.name}' "
             "was not compiled. Fix: call `model.compile(...)` first."
         )
-    batch_size = batch if _compat.is_scalar(batch) else _compat.batch_size_of(batch)
+    batch_size = batch if is_scalar(batch) else batch_size_of(batch)
     trackers = trackers_of(model)
     for name, value in values.items():
         if name not in model.logged_values:
@@ -56,7 +57,7 @@ def log(model: Any, batch: Any, values: Mapping[str, Any]) -> None:
                 "(a class attribute) before compile()."
             )
         if name in trackers:
-            trackers[name].update_state(_compat.unscale_loss_for_distribution(value), sample_weight=batch_size)
+            trackers[name].update_state(version.unscale_loss_for_distribution(value), sample_weight=batch_size)
         else:  # "loss": Keras' own tracker
             add_to_loss_tracker(model, value, batch_size)
 
@@ -69,15 +70,15 @@ def add_to_loss_tracker(model: Any, loss: Any, batch_size: Any) -> None:
     then on the logs show ``loss``, also when no loss was compiled.
     """
     state_of(model).reports_loss = True
-    _compat.loss_tracker(model).update_state(_compat.unscale_loss_for_distribution(loss), sample_weight=batch_size)
+    version.loss_tracker(model).update_state(version.unscale_loss_for_distribution(loss), sample_weight=batch_size)
 
 
 def with_trackers(model: Any, keras_metrics: list[Any]) -> list[Any]:
     """``model.metrics``: Keras' metrics, the trackers after ``loss``, ``loss`` only once a step reports one."""
-    if not _compat.is_compiled(model):
+    if not version.is_compiled(model):
         return keras_metrics
-    loss_tracker = _compat.loss_tracker(model)
-    keep_loss = _compat.has_compiled_loss(model) or state_of(model).reports_loss
+    loss_tracker = version.loss_tracker(model)
+    keep_loss = version.has_compiled_loss(model) or state_of(model).reports_loss
     head = [loss_tracker] if keep_loss and loss_tracker in keras_metrics else []
     own: list[Any] = trackers_of(model).metrics_entries
     return head + own + [m for m in keras_metrics if m is not loss_tracker]
@@ -87,11 +88,11 @@ def metrics_result(model: Any) -> dict[str, Any]:
     """``model.get_metrics_result()``: every metric's value, compiled metrics no step updated left out."""
     results = {}
     for metric in model.metrics:
-        if metric is _compat.compiled_metrics_container(model) and not metric.built:
+        if metric is version.compiled_metrics_container(model) and not metric.built:
             continue
         result = metric.result()
         results.update(result if isinstance(result, dict) else {metric.name: result})
-    return _compat.finish_metrics_result(results)
+    return version.finish_metrics_result(results)
 
 
 def flat_logs(step: Callable[[Any], Any]) -> Callable[[Any], Any]:

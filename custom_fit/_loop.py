@@ -17,7 +17,7 @@ the pieces, instead of patching Keras' objects from outside:
 
 Data path (Keras 3), one execution: ``Loop.fit`` → ``EpochIterator``
 (Keras' data adapter, distributed dataset) → ``Execution(iterator, steps)``
-→ ``model.train_function`` (:func:`custom_fit._compat.make_step_function`)
+→ ``model.train_function`` (:func:`custom_fit._compat.version.make_step_function`)
 → ``train_step`` per replica → logs → ``LazyCallbackList``.
 
 State: each ``fit``, ``evaluate`` and ``predict`` call on a model is a

@@ -15,8 +15,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from custom_fit import _compat
-from custom_fit._compat import keras
+from custom_fit._compat import keras, version
 
 
 def batch_mean(values: Any, sample_weight: Any = None) -> tf.Tensor:
@@ -39,7 +38,7 @@ def batch_mean(values: Any, sample_weight: Any = None) -> tf.Tensor:
     values = tf.cast(tf.convert_to_tensor(values), "float32")
     if sample_weight is not None:
         values = values * tf.cast(sample_weight, "float32")
-    return _compat.scale_loss_for_distribution(tf.reduce_mean(values))
+    return version.scale_loss_for_distribution(tf.reduce_mean(values))
 
 
 def regularization_loss(layer: keras.layers.Layer) -> tf.Tensor:
@@ -60,4 +59,4 @@ def regularization_loss(layer: keras.layers.Layer) -> tf.Tensor:
     losses = [tf.reduce_sum(tf.cast(loss, "float32")) for loss in layer.losses]
     if not losses:
         return tf.zeros((), "float32")
-    return _compat.scale_loss_for_distribution(tf.reduce_sum(tf.stack(losses)))
+    return version.scale_loss_for_distribution(tf.reduce_sum(tf.stack(losses)))

@@ -31,13 +31,13 @@ from typing import Any
 
 import tensorflow as tf
 
-from custom_fit import _compat
 from custom_fit import _diagnostics as diagnostics
 from custom_fit import _gradient_contract as gradient_contract
 from custom_fit import _logged_values as epoch_means
 from custom_fit import _optimizers as optimizers
 from custom_fit import _step_fusion as step_fusion
-from custom_fit._compat import keras
+from custom_fit._compat import keras, version
+from custom_fit._compat.common import batch_size_of, marked_as, record_compile_option, recording
 from custom_fit._compiled import CompiledAttributes
 from custom_fit._diagnostics import GradsAndVars
 from custom_fit._functional import functional_twin
@@ -53,8 +53,8 @@ __all__ = ["CustomModel", "CustomSequential"]
 # custom_fit's own fit loop on its step functions where it runs one (Keras 3; tf_keras' loop runs
 # on Keras 2), and Keras 2's meaning of compiled_loss / compiled_metrics is added where Keras gives
 # models none (Keras 3).
-_TRAINER: type = Loop if _compat.RUNS_OWN_LOOP else StepFunctions
-_COMPILED_ATTRIBUTES: tuple[type, ...] = () if _compat.HAS_COMPILED_LOSS_ATTRIBUTES else (CompiledAttributes,)
+_TRAINER: type = Loop if version.RUNS_OWN_LOOP else StepFunctions
+_COMPILED_ATTRIBUTES: tuple[type, ...] = () if version.HAS_COMPILED_LOSS_ATTRIBUTES else (CompiledAttributes,)
 
 
 @keras.saving.register_keras_serializable(package="custom_fit")
@@ -89,7 +89,7 @@ class CustomModel(
     """
 
     def __init__(self, *args: Any, **kwargs: Any):
-        if _compat.is_functional_call(args, kwargs) and not isinstance(self, _compat.Functional):
+        if version.is_functional_call(args, kwargs) and not isinstance(self, version.Functional):
             # `keras.Model.__init__` would splice `Functional` into the bases of
             # this class (and of CustomModel) for good, even if it then raises.
             # Move only this instance to a twin class that derives from both.
@@ -139,7 +139,7 @@ class CustomModel(
         if optimizer is optimizers.UNSET:  # Keras' default, unless a subclass' compile() calls ours without one
             optimizer = optimizers.DEFAULT_OPTIMIZER if type(self).compile is CustomModel.compile else None
         kwargs = gradient_contract.without_clip_after_aggregation(kwargs)
-        _compat.check_compile_arguments(self, optimizer, dict(kwargs, loss=args[0]) if args else kwargs)
+        version.check_compile_arguments(self, optimizer, dict(kwargs, loss=args[0]) if args else kwargs)
         optimizer, kwargs = optimizers.for_compile(self, optimizer, kwargs)
         tuner = step_fusion.tuner_for(kwargs.get("steps_per_execution"))
         if tuner is not None:
@@ -148,7 +148,7 @@ class CustomModel(
         optimizers.give_keras2_api(self)
         state_of(self).steps_tuner = tuner
         if tuner is not None:
-            _compat.record_compile_option(self, "steps_per_execution", step_fusion.AUTO)
+            record_compile_option(self, "steps_per_execution", step_fusion.AUTO)
         state_of(self).logged_values = LoggedValues.for_model(self)
 
     @property
@@ -248,8 +248,8 @@ class CustomModel(
         checks.record_minimize(name, variables)
         if not variables:
             return
-        with _compat.recording(tape):
-            loss = _compat.scale_loss(optimizer, loss)
+        with recording(tape):
+            loss = version.scale_loss(optimizer, loss)
         gradients = self.compute_gradients(loss, tape, variables)
         grads_and_vars = checks.pair_with_gradients(gradients, variables, optimizer)
         grads_and_vars, handoff = gradient_contract.true_gradients(optimizer, grads_and_vars)
@@ -384,7 +384,7 @@ class CustomModel(
     def _unpack_batch(self, data: Any) -> tuple[Any, Any, Any]:
         """``(x, y, sample_weight)``; a clear error if ``y`` is missing while a loss is compiled."""
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        if y is None and _compat.has_compiled_loss(self):
+        if y is None and version.has_compiled_loss(self):
             raise diagnostics.missing_targets_error(self)
         return x, y, sample_weight
 
@@ -394,18 +394,18 @@ class CustomModel(
         ``call(x)`` is called as ``self(x)``, which leaves sublayers such as
         ``Dropout`` in their default mode, exactly as ``keras.Model`` does.
         """
-        return self(x, training=training) if _compat.call_accepts_training(self) else self(x)
+        return self(x, training=training) if version.call_accepts_training(self) else self(x)
 
     def _step_loss(self, x: Any, y: Any, y_pred: Any, sample_weight: Any, training: bool) -> Any:
         """:meth:`compute_loss`, without ``training`` for overrides written before Keras 3.3 (as Keras does)."""
-        if _compat.compute_loss_accepts_training(self):
+        if version.compute_loss_accepts_training(self):
             return self.compute_loss(x, y, y_pred, sample_weight, training=training)
         return self.compute_loss(x, y, y_pred, sample_weight)
 
     def _track_loss(self, loss: Any, x: Any) -> None:
         """Adds the batch's loss to the ``loss`` tracker as Keras 3's steps do (Keras 2's loss did already)."""
-        if _compat.STEP_UPDATES_LOSS_TRACKER and _compat.loss_tracker(self) is not None:
-            epoch_means.add_to_loss_tracker(self, loss, _compat.batch_size_of(x))
+        if version.STEP_UPDATES_LOSS_TRACKER and version.loss_tracker(self) is not None:
+            epoch_means.add_to_loss_tracker(self, loss, batch_size_of(x))
 
 
 @keras.saving.register_keras_serializable(package="custom_fit")
@@ -421,7 +421,7 @@ class CustomSequential(CustomModel, keras.Sequential):
         True
     """
 
-    @_compat.marked_as(keras.Sequential.build)
+    @marked_as(keras.Sequential.build)
     def build(self, input_shape: Any = None) -> None:
         """``keras.Sequential.build``; defined here as ``Sequential`` defines it (and marked as it is marked).
 

@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from custom_fit import _compat
-from custom_fit._compat import keras
+from custom_fit._compat import keras, version
+from custom_fit._compat.common import set_untracked, variable_names_without_model
 
 __all__ = [
     "DEFAULT_OPTIMIZER",
@@ -82,7 +82,7 @@ class _GroupState:
     owner_of_variable: dict[int, str] = dataclasses.field(default_factory=dict)
     model_variables: list[Any] = dataclasses.field(default_factory=list)
     built_on: dict[str, Any] = dataclasses.field(default_factory=dict)
-    name_variables: Callable[[Sequence[Any]], Any] = _compat.variable_names_without_model
+    name_variables: Callable[[Sequence[Any]], Any] = variable_names_without_model
     from_attributes: bool = False
 
 
@@ -120,7 +120,7 @@ class NamedOptimizers(keras.optimizers.Optimizer):
         name: str = "named_optimizers",
         **kwargs: Any,
     ):
-        super().__init__(name=name, **_compat.OPTIMIZER_GROUP_KWARGS, **kwargs)
+        super().__init__(name=name, **version.OPTIMIZER_GROUP_KWARGS, **kwargs)
         if not isinstance(optimizers, Mapping) or not optimizers:
             raise ValueError(
                 "NamedOptimizers expected a non-empty dict {name: optimizer}, "
@@ -134,7 +134,7 @@ class NamedOptimizers(keras.optimizers.Optimizer):
             members[key] = keras.optimizers.get(optimizer)
         self._members = members  # tracked: checkpoints and .keras files save the members
         # Bookkeeping that must not become checkpoint dependencies:
-        _compat.set_untracked(self, "_bookkeeping", _GroupState({k: list(v) for k, v in (assignment or {}).items()}))
+        set_untracked(self, "_bookkeeping", _GroupState({k: list(v) for k, v in (assignment or {}).items()}))
 
     @property
     def from_attributes(self) -> bool:
@@ -217,11 +217,11 @@ class NamedOptimizers(keras.optimizers.Optimizer):
         """
         owners = {name: getattr(model, name, None) for name in self._members}
         self._bookkeeping.owners = {k: v for k, v in owners.items() if v is not None}
-        self._bookkeeping.name_variables = lambda variables: _compat.variable_names(model, variables)
+        self._bookkeeping.name_variables = lambda variables: version.variable_names(model, variables)
         if loss_scaling:
             for name, optimizer in self._members.items():
-                if not isinstance(optimizer, _compat.LossScaleOptimizer):
-                    self._members[name] = _compat.wrap_for_loss_scaling(optimizer, f"{name}_loss_scale")
+                if not isinstance(optimizer, version.LossScaleOptimizer):
+                    self._members[name] = version.wrap_for_loss_scaling(optimizer, f"{name}_loss_scale")
 
     def member_for_step(self, name: str, variables: Sequence[Any], model_variables: Sequence[Any]) -> Any:
         """Member ``name``, built (outside the traced step) and checked to own ``variables``.
@@ -242,7 +242,7 @@ class NamedOptimizers(keras.optimizers.Optimizer):
         # Optimizer variables are created outside the traced step (as Keras'
         # `apply_gradients` does), not lazily inside `tf.function`.
         with tf.init_scope():
-            if not _compat.optimizer_built(self):
+            if not version.optimizer_built(self):
                 self.build(model_variables)
             known = self.member_variables(name)
             if not known:
@@ -263,9 +263,9 @@ class NamedOptimizers(keras.optimizers.Optimizer):
     def members_built_on(self, candidates: Sequence[Any]) -> dict[str, list[Any]]:
         """``{name: the variables among candidates that member was built on}``, for built members."""
         return {
-            name: _compat.variables_built_on(member, candidates)
+            name: version.variables_built_on(member, candidates)
             for name, member in self._members.items()
-            if _compat.optimizer_built(member)
+            if version.optimizer_built(member)
         }
 
     def finalize_variable_values(self, var_list: Sequence[Any]) -> None:
@@ -291,7 +291,7 @@ class NamedOptimizers(keras.optimizers.Optimizer):
 
     def build(self, variables: Sequence[Any]) -> None:
         """Builds every member whose variables are known; records the model's variables."""
-        if _compat.optimizer_built(self):
+        if version.optimizer_built(self):
             return
         self._bookkeeping.model_variables = list(variables)
         for name in self._members:
@@ -299,7 +299,7 @@ class NamedOptimizers(keras.optimizers.Optimizer):
             if own is not None:
                 self.build_member(name, own)
         super().build(self._bookkeeping.model_variables)
-        _compat.mark_built(self)
+        version.mark_built(self)
 
     def build_member(self, name: str, variables: Sequence[Any]) -> None:
         """Builds member ``name`` on ``variables``; errors if another member owns one of them."""
@@ -321,8 +321,8 @@ class NamedOptimizers(keras.optimizers.Optimizer):
             self._bookkeeping.owner_of_variable[id(v)] = name
         self._bookkeeping.built_on[name] = variables
         member = self._members[name]
-        if not _compat.optimizer_built(member):
-            _compat.build_optimizer(member, variables)
+        if not version.optimizer_built(member):
+            version.build_optimizer(member, variables)
 
     def _known_variables(self, name: str) -> list[Any] | None:
         if name in self._bookkeeping.assignment and self._bookkeeping.model_variables:
@@ -373,7 +373,7 @@ def for_compile(model: Any, optimizer: Any, kwargs: dict[str, Any]) -> tuple[Any
     if isinstance(optimizer, NamedOptimizers):
         scaled = model.dtype_policy.name == "mixed_float16" and kwargs.get("auto_scale_loss", True)
         optimizer.attach(model, loss_scaling=scaled)
-        kwargs = {**kwargs, **_compat.GROUP_COMPILE_KWARGS}
+        kwargs = {**kwargs, **version.GROUP_COMPILE_KWARGS}
     return optimizer, kwargs
 
 
@@ -392,8 +392,8 @@ def resolve(model: Any, optimizer: Any, variables: Sequence[Any] = ()) -> Any:
         ValueError: ``optimizer`` names no optimizer of ``model``, or ``model``
             has none.
     """
-    if isinstance(optimizer, _compat.OPTIMIZER_CLASSES):
-        return _compat.loss_scaled(model, optimizer)
+    if isinstance(optimizer, version.OPTIMIZER_CLASSES):
+        return version.loss_scaled(model, optimizer)
     compiled = getattr(model, "optimizer", None)
     if isinstance(compiled, NamedOptimizers):
         if isinstance(optimizer, str):
@@ -486,7 +486,7 @@ def give_keras2_api(model: Any) -> None:
     """
     optimizer = model.optimizer
     for member in optimizer.optimizers if isinstance(optimizer, NamedOptimizers) else [optimizer]:
-        _compat.with_keras2_api(member)
+        version.with_keras2_api(member)
 
 
 def save_assignment(model: Any) -> dict[str, Any]:
@@ -518,7 +518,7 @@ def load_assignment(model: Any, saved: Mapping[str, Any]) -> None:
     # the strategy's scope) the slots must be created by the strategy, like the model's variables.
     with tf.init_scope(), model.distribute_strategy.scope():
         for name, positions in saved.items():
-            if name in group and not _compat.optimizer_built(group[name]):
+            if name in group and not version.optimizer_built(group[name]):
                 group.build_member(name, [variables[int(i)] for i in np.asarray(positions)])
 
 
@@ -527,7 +527,7 @@ def attribute_optimizers(model: Any) -> dict[str, Any]:
     return {
         name: value
         for name, value in vars(model).items()
-        if isinstance(value, _compat.OPTIMIZER_CLASSES) and not name.startswith("_")
+        if isinstance(value, version.OPTIMIZER_CLASSES) and not name.startswith("_")
     }
 
 
@@ -549,9 +549,9 @@ def save_attribute_assignment(model: Any) -> dict[str, Any]:
     variables = model.trainable_variables
     positions = {id(v): i for i, v in enumerate(variables)}
     return {
-        name: np.array([positions[id(v)] for v in _compat.variables_built_on(optimizer, variables)], "int64")
+        name: np.array([positions[id(v)] for v in version.variables_built_on(optimizer, variables)], "int64")
         for name, optimizer in _outside_the_group(model).items()
-        if _compat.optimizer_built(optimizer)
+        if version.optimizer_built(optimizer)
     }
 
 
@@ -564,5 +564,5 @@ def load_attribute_assignment(model: Any, saved: Mapping[str, Any]) -> None:
     with tf.init_scope(), model.distribute_strategy.scope():  # as load_assignment
         for name, positions in saved.items():
             optimizer = present.get(name)
-            if optimizer is not None and not _compat.optimizer_built(optimizer):
-                _compat.build_optimizer(optimizer, [variables[int(i)] for i in np.asarray(positions)])
+            if optimizer is not None and not version.optimizer_built(optimizer):
+                version.build_optimizer(optimizer, [variables[int(i)] for i in np.asarray(positions)])

@@ -36,7 +36,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from custom_fit import _compat
+from custom_fit._compat.common import cluster_key_get, cluster_key_insert
 
 __all__ = ["EPOCH_END", "PREEMPTION_EXIT_CODE", "Boundary", "ClusterAgreement", "PreemptionNotice"]
 
@@ -154,9 +154,9 @@ class ClusterAgreement:
         if self._proposed:
             return
         self._proposed = True
-        _compat.cluster_key_insert(f"{self._key}/after", f"{boundary[0]},{boundary[1]}")  # the first one holds
+        cluster_key_insert(f"{self._key}/after", f"{boundary[0]},{boundary[1]}")  # the first one holds
         for worker in self._workers:
-            if _compat.cluster_key_get(f"{self._key}/recorded/{worker}", _ACK_TIMEOUT_S) is None:
+            if cluster_key_get(f"{self._key}/recorded/{worker}", _ACK_TIMEOUT_S) is None:
                 print(
                     f"custom_fit.BackupAndRestore: worker {worker} did not acknowledge the preemption within "
                     f"{_ACK_TIMEOUT_S:.0f} s; going on without it.",
@@ -175,11 +175,11 @@ class ClusterAgreement:
     def _watch(self) -> None:
         while not self._stopped.is_set() and self._notice.fit_runs():
             try:
-                value = _compat.cluster_key_get(f"{self._key}/after", timeout_s=1.0)
+                value = cluster_key_get(f"{self._key}/after", timeout_s=1.0)
             except tf.errors.OpError:  # the coordination service is gone: the cluster is shutting down
                 return
             if value is not None:
                 epoch, step = (int(part) for part in value.split(","))
                 self._agreed = (epoch, step)  # before the acknowledgement: the proposer then trains on
-                _compat.cluster_key_insert(f"{self._key}/recorded/{self._me}", "1")
+                cluster_key_insert(f"{self._key}/recorded/{self._me}", "1")
                 return

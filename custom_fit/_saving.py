@@ -28,10 +28,10 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from custom_fit import _compat
 from custom_fit import _extra_state as extra_state
 from custom_fit import _optimizers as optimizers
-from custom_fit._compat import keras
+from custom_fit._compat import keras, version
+from custom_fit._compat.common import unbuilt_sub_layers
 from custom_fit._host import Host
 from custom_fit._state import state_of
 
@@ -251,19 +251,19 @@ def _rebuild_lazy_sub_layers(model: Any, layer: Any, config: dict[str, Any], sav
     (``None`` in files written before custom_fit 0.3: then any unbuilt
     sub-layer is built by a call, and what still fails is Keras' loader's to report).
     """
-    unbuilt = _compat.unbuilt_sub_layers(layer)
+    unbuilt = unbuilt_sub_layers(layer)
     missing = len(layer.variables) < saved if saved is not None else bool(unbuilt)
     if not missing or "input_shape" not in config:
         return
     shape = config["input_shape"]
     problem: str | None = None
     try:
-        _compat.call_symbolically(layer, shape)
+        version.call_symbolically(layer, shape)
     except Exception as error:  # whatever the layer's call raises; reported with the fix below
         problem = f"calling it on a symbolic input of that shape raised {error!r}"
     else:
         if saved is not None and len(layer.variables) < saved:
-            problem = f"calling it on a symbolic input of that shape left {_compat.unbuilt_sub_layers(layer)} unbuilt"
+            problem = f"calling it on a symbolic input of that shape left {unbuilt_sub_layers(layer)} unbuilt"
     if saved is None or problem is None:
         return
     raise ValueError(
@@ -316,7 +316,7 @@ class Saving(Host):
         """
         _warn_unrebuilt_optimizers(self)
         arguments = state_of(self).constructor_arguments
-        if arguments is None or isinstance(self, (_compat.Functional, keras.Sequential)):
+        if arguments is None or isinstance(self, (version.Functional, keras.Sequential)):
             return super().get_config()
         own_from_config = type(self).from_config.__func__ is not Saving.from_config.__func__  # type: ignore[attr-defined]
         if own_from_config and POSITIONAL in arguments:
@@ -328,7 +328,7 @@ class Saving(Host):
         try:
             config.update(_serialize_arguments(arguments, f"{type(self).__name__}.__init__ argument"))
         except NotImplementedError as error:
-            if not _compat.SAVES_UNCONFIGURABLE_MODELS:  # Keras 3 raises too (less clearly)
+            if not version.SAVES_UNCONFIGURABLE_MODELS:  # Keras 3 raises too (less clearly)
                 raise
             return _saved_as_keras_saves(error, super().get_config(), "config")
         # What the model has, also where its constructor swallowed what it was given.
@@ -358,7 +358,7 @@ class Saving(Host):
                 if not rejected:
                     raise
                 del arguments[rejected[0]]
-        _compat.restore_base_config(model, base)
+        version.restore_base_config(model, base)
         return model
 
     def get_build_config(self) -> dict[str, Any] | None:
@@ -405,7 +405,7 @@ class Saving(Host):
             if not layer.built:  # deserializing a sub-layer saved with its own build config built it already
                 layer.build_from_config(layer_config)
             _rebuild_lazy_sub_layers(self, layer, layer_config, counts.get(str(i)))
-        _compat.mark_built_if_complete(self)
+        version.mark_built_if_complete(self)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -446,9 +446,9 @@ class Saving(Host):
             return
         else:
             self.compile(**keras.saving.deserialize_keras_object(config))
-        _compat.mark_built_if_complete(self)
+        version.mark_built_if_complete(self)
         if self.optimizer is not None and self.built:
-            _compat.build_optimizer(self.optimizer, self.trainable_variables)
+            version.build_optimizer(self.optimizer, self.trainable_variables)
 
     def save_own_variables(self, store: Any) -> None:
         """Saves the model's own variables and the state Keras leaves out (:mod:`custom_fit._extra_state`).

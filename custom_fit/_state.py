@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Literal
 
-from custom_fit import _compat
+from custom_fit._compat.common import set_untracked
 from custom_fit._diagnostics import StepDiagnostics
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ def state_of(model: Any) -> ModelState:
     state: ModelState | None = vars(model).get(_ATTRIBUTE)
     if state is None:
         state = ModelState(StepDiagnostics(model))
-        _compat.set_untracked(model, _ATTRIBUTE, state)
+        set_untracked(model, _ATTRIBUTE, state)
     return state
 
 

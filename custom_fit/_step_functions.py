@@ -5,7 +5,7 @@ Keras calls ``model.train_function(iterator)`` once per execution (one or
 functions around the model's steps: logs flattened (Keras-2-style steps return
 nested dicts), the training step traced under the model's
 :class:`~custom_fit._diagnostics.StepDiagnostics`, and XLA errors explained.
-The fused, distributed loop itself is :func:`custom_fit._compat.make_step_function`.
+The fused, distributed loop itself is :func:`custom_fit._compat.version.make_step_function`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import tensorflow as tf
 
 from custom_fit import _compat
 from custom_fit import _distribution as distribution
+from custom_fit._compat import version
+from custom_fit._compat.common import explain_xla_errors
 from custom_fit._logged_values import flat_logs
 from custom_fit._optimizers import NamedOptimizers
 from custom_fit._state import LoopCall, state_of
@@ -61,11 +63,11 @@ class StepFunctions(_compat.TrainerHooks):
         model never called itself (a GAN, a distiller) is marked built when
         all its variables exist, so that Keras' ``BackupAndRestore`` accepts it.
         """
-        _compat.mark_built_if_complete(self)
+        version.mark_built_if_complete(self)
         if self.train_function is None or force:
             step = flat_logs(self._checked_train_step)
             tuner = state_of(self).steps_tuner  # compile(steps_per_execution="auto")
-            function = _compat.make_step_function(self, step, training=True, tuner=tuner)
+            function = version.make_step_function(self, step, training=True, tuner=tuner)
             self.train_function = distribution.explain_merge_call_errors(self, function)
         return self.train_function
 
@@ -74,7 +76,7 @@ class StepFunctions(_compat.TrainerHooks):
         if self.test_function is None or force:
             tuner = state_of(self).steps_tuner  # the number of steps may change between executions
             step = flat_logs(self._test_step_in_replica)
-            self.test_function = _compat.make_step_function(self, step, training=False, tuner=tuner)
+            self.test_function = version.make_step_function(self, step, training=False, tuner=tuner)
         return self.test_function
 
     def make_predict_function(self, force: bool = False) -> Callable[..., Any]:
@@ -91,7 +93,7 @@ class StepFunctions(_compat.TrainerHooks):
         built_for_one_step = state_of(self).predict_function_steps == 1
         if self.predict_function is None or force or (built_for_one_step and steps > 1):
             super().make_predict_function(force=True)
-            self.predict_function = _compat.explain_xla_errors(self, self.predict_function)
+            self.predict_function = explain_xla_errors(self, self.predict_function)
             state_of(self).predict_function_steps = steps
         return self.predict_function
 
@@ -110,7 +112,7 @@ class StepFunctions(_compat.TrainerHooks):
             # updates with optimizers kept as attributes): still in the first trace, where
             # tf.function lets variables be created (a later trace must not).
             self._build_optimizer_while_tracing()
-        _compat.mark_built_if_complete(self)  # sub-models without an input shape are built by now
+        version.mark_built_if_complete(self)  # sub-models without an input shape are built by now
         if isinstance(self.optimizer, NamedOptimizers):
             self.optimizer.count_step()
         return logs
@@ -132,9 +134,9 @@ class StepFunctions(_compat.TrainerHooks):
         slot a backup holds finds its variable. Under a ``tf.distribute``
         strategy Keras 3 has built it before tracing.
         """
-        if self.built and self.optimizer is not None and not _compat.optimizer_built(self.optimizer):
+        if self.built and self.optimizer is not None and not version.optimizer_built(self.optimizer):
             with tf.init_scope():
-                _compat.build_optimizer(self.optimizer, self.trainable_variables)
+                version.build_optimizer(self.optimizer, self.trainable_variables)
 
     def _test_step_in_replica(self, data: Any) -> Any:
         """``test_step``; variables it creates under a strategy are created outside the replica context."""

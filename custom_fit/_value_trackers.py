@@ -13,8 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from custom_fit import _compat
-from custom_fit._compat import keras
+from custom_fit._compat import keras, version
 
 __all__ = ["LoggedValues"]
 
@@ -33,12 +32,12 @@ class LoggedValues:
         self._trackers = {name: keras.metrics.Mean(name=name) for name in names}
         #: What these trackers add to ``model.metrics`` (Keras resets and reads them there).
         trackers = list(self._trackers.values())
-        self.metrics_entries: list[Any] = _compat.logged_value_entries(trackers) if trackers else []
+        self.metrics_entries: list[Any] = version.logged_value_entries(trackers) if trackers else []
 
     @classmethod
     def for_model(cls, model: Any) -> LoggedValues:
         """The trackers ``model.logged_values`` needs (``"loss"`` goes to Keras' tracker if there is one)."""
-        has_loss_tracker = _compat.loss_tracker(model) is not None
+        has_loss_tracker = version.loss_tracker(model) is not None
         return cls([name for name in model.logged_values if name != "loss" or not has_loss_tracker])
 
     def __contains__(self, name: object) -> bool:

@@ -29,12 +29,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from custom_fit import _compat
+from custom_fit._compat import version
 
 __all__ = ["SeedGenerator", "normal", "uniform"]
 
 #: A seed generator a model owns: ``keras.random.SeedGenerator`` on Keras 3, an equivalent layer on Keras 2.
-SeedGenerator = _compat.SeedGenerator
+SeedGenerator = version.SeedGenerator
 
 
 def normal(shape: Any, seed: int | Any) -> Any:
@@ -48,9 +48,9 @@ def normal(shape: Any, seed: int | Any) -> Any:
     Returns:
         A ``float32`` tensor.
     """
-    return _compat.random_normal(shape, seed)
+    return version.random_normal(shape, seed)
 
 
 def uniform(shape: Any, seed: int | Any) -> Any:
     """Uniform numbers in ``[0, 1)`` of ``shape``; ``seed`` as for :func:`normal`."""
-    return _compat.random_uniform(shape, seed)
+    return version.random_uniform(shape, seed)

@@ -32,7 +32,7 @@ def functional(base=custom_fit.CustomModel):
 def test_functional_construction_keeps_class_bases():
     bases = custom_fit.CustomModel.__bases__
     model = functional()
-    assert isinstance(model, custom_fit.CustomModel) and isinstance(model, _compat.Functional)
+    assert isinstance(model, custom_fit.CustomModel) and isinstance(model, _compat.version.Functional)
     assert type(model).__name__ == "CustomModel"
     assert custom_fit.CustomModel.__bases__ == bases
 
@@ -51,7 +51,7 @@ def test_subclass_with_own_init_works_after_functional_construction():
             return self.out(self.hidden(x))
 
     model = Net(units=8)
-    assert not isinstance(model, _compat.Functional)
+    assert not isinstance(model, _compat.version.Functional)
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
     history = model.fit(X, Y, epochs=2, verbose=0)
     assert history.history["loss"][1] < history.history["loss"][0]
@@ -85,7 +85,7 @@ def test_functional_subclass_built_inside_init():
             self.units = units
 
     model = Wrapped(parity.N_CLASSES)
-    assert isinstance(model, Wrapped) and isinstance(model, _compat.Functional)
+    assert isinstance(model, Wrapped) and isinstance(model, _compat.version.Functional)
     assert Wrapped.__bases__ == (custom_fit.CustomModel,)
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
     model.fit(X, Y, epochs=1, verbose=0)
@@ -102,7 +102,7 @@ def test_subclass_taking_two_plain_arguments_is_not_functional():
             return self.dense(x)
 
     model = TwoArgs(3, 0.1)
-    assert not isinstance(model, _compat.Functional)
+    assert not isinstance(model, _compat.version.Functional)
     assert model(X).shape == (parity.N_TRAIN, 3)
 
 
@@ -134,7 +134,7 @@ def test_plain_keras_failed_construction_rewrites_bases():
     outputs = keras.layers.Dense(1)(keras.Input((4,)))
     with pytest.raises(ValueError, match="must be KerasTensors"):
         Plain({"a": "a"}, outputs)
-    assert _compat.Functional in Plain.__bases__
+    assert _compat.version.Functional in Plain.__bases__
 
 
 # --------------------------------------------------------------------------

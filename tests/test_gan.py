@@ -380,12 +380,16 @@ class VAE(custom_fit.CustomModel):
         self.decoder = keras.Sequential(
             [keras.Input((latent,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(64)], name="decoder"
         )
-        self.noise = _compat.SeedGenerator(0)  # keras.random.SeedGenerator on Keras 3
+        self.noise = _compat.version.SeedGenerator(0)  # keras.random.SeedGenerator on Keras 3
         self.built = True
 
     def call(self, x, training=False):
         mean, log_var = tf.split(self.encoder(x), 2, axis=-1)
-        z = mean + tf.exp(0.5 * log_var) * _compat.random_normal(tf.shape(mean), self.noise) if training else mean
+        z = (
+            mean + tf.exp(0.5 * log_var) * _compat.version.random_normal(tf.shape(mean), self.noise)
+            if training
+            else mean
+        )
         return self.decoder(z), mean, log_var
 
     def compute_vae_losses(self, x, training):

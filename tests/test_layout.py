@@ -89,3 +89,43 @@ def test_no_frame_inspection_and_no_thread_locals() -> None:
                 if node.attr == "f_back" or (owner, node.attr) in banned:
                     found.append(f"{name}:{node.lineno} {owner}.{node.attr}")
     assert found == []
+
+
+#: The most names ``custom_fit._compat`` may define besides its submodules (the issue's bound).
+MAX_COMPAT_NAMES = 15
+
+
+def _compat_submodules() -> set[str]:
+    return {name.rsplit(".", 1)[1] for name in _modules() if name.startswith("custom_fit._compat.")}
+
+
+def test_compat_facade_is_small() -> None:
+    """``custom_fit._compat`` picks the version module and hands it out as ``version``: few names besides.
+
+    A Keras-dependent function or flag belongs to the contract (``version.X``) or to a submodule, so
+    that adding one takes the contract and the two version modules, not a re-export here too.
+    """
+    from custom_fit import _compat
+
+    submodules = _compat_submodules()
+    public = {name for name in vars(_compat) if not name.startswith("_") and name not in submodules}
+    assert public == set(_compat.__all__)
+    assert len(_compat.__all__) <= MAX_COMPAT_NAMES, sorted(_compat.__all__)
+
+
+def test_compat_names_used_elsewhere_are_declared() -> None:
+    """Outside ``_compat`` (the package and the tests), ``_compat.X`` and ``from custom_fit._compat import X``
+    name a declared name or a submodule."""
+    from custom_fit import _compat
+
+    allowed = {*_compat.__all__, *_compat_submodules(), "__all__"}
+    paths = [p for n, p in _modules().items() if not n.startswith("custom_fit._compat")]
+    paths += sorted(Path(__file__).parent.glob("*.py"))
+    found = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "custom_fit._compat":
+                found += [f"{path.name}:{node.lineno} {a.name}" for a in node.names if a.name not in allowed]
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "_compat":
+                found += [f"{path.name}:{node.lineno} _compat.{node.attr}"] if node.attr not in allowed else []
+    assert found == []

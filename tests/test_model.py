@@ -362,7 +362,7 @@ def test_second_optimizer_is_loss_scaled_under_mixed_precision(mixed_float16):
     model(X[:1])
     body_before = [np.array(w) for w in model.body.get_weights()]
     model.fit(X, X[:, :1] * 100, batch_size=33, epochs=1, verbose=0)
-    wrapper = _compat.loss_scaled(model, model.head_optimizer)
+    wrapper = _compat.version.loss_scaled(model, model.head_optimizer)
     assert (
         isinstance(wrapper, keras.mixed_precision.LossScaleOptimizer)
         and wrapper.inner_optimizer is model.head_optimizer

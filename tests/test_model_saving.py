@@ -619,7 +619,7 @@ def test_unserializable_constructor_argument_saves_or_fails_as_keras_does(tmp_pa
 
     Fails on 7a9ee83 where Keras saves: CustomModel raised.
     """
-    if not _compat.SAVES_UNCONFIGURABLE_MODELS:
+    if not _compat.version.SAVES_UNCONFIGURABLE_MODELS:
         with pytest.raises(NotImplementedError):
             holding(keras.Model, Unserializable()).save(tmp_path / "keras.keras")
         with pytest.raises(NotImplementedError, match=r"Holding.__init__ argument 'value'.*Fix: define get_config"):
