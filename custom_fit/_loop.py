@@ -98,7 +98,7 @@ class Loop(StepFunctions):
         validation_batch_size: int | None = None,
         validation_freq: Any = 1,
     ) -> Any:
-        self._assert_compile_called("fit")
+        _compat.keras3_only.assert_compiled(self, "fit")
         epochs = _compat.keras3_only.capped_epochs(epochs)
         if validation_split and validation_data is None:
             # The last fraction of the arrays, as in Keras (arrays only).
@@ -126,7 +126,7 @@ class Loop(StepFunctions):
                 steps_per_execution=fixed,
             ) as epoch_iterator,
         ):
-            self._maybe_symbolic_build(iterator=epoch_iterator)
+            _compat.keras3_only.build_before_loop(self, epoch_iterator)
             epoch_iterator.reset()
             callbacks = self._callback_list(
                 callbacks, add_history=True, verbose=verbose, epochs=epochs, steps=epoch_iterator.num_batches
@@ -136,7 +136,7 @@ class Loop(StepFunctions):
             callbacks.on_train_begin()
             training_logs = None
             logs: Any = {}
-            for epoch in range(self._initial_epoch or initial_epoch, epochs):  # BackupAndRestore sets the former
+            for epoch in range(_compat.keras3_only.first_epoch(self, initial_epoch), epochs):  # or BackupAndRestore's
                 self.reset_metrics()
                 callbacks.on_epoch_begin(epoch)
                 logs, stepped = self._run_epoch(
@@ -149,8 +149,8 @@ class Loop(StepFunctions):
                 )
                 # The metrics' results replace the last step's logs where they name the same values
                 # (after an epoch that ran no step, the logs are the epoch before's, as in Keras).
-                epoch_logs = dict(self._get_metrics_result_or_logs(logs, returned=stepped))
-                if validation_data is not None and self._should_eval(epoch, validation_freq):
+                epoch_logs = dict(_compat.keras3_only.epoch_logs(self, logs, returned=stepped))
+                if validation_data is not None and _compat.keras3_only.validates_after(self, epoch, validation_freq):
                     if call.validation is None:
                         call.validation = self._epoch_iterator(
                             x=val_x,
@@ -167,7 +167,7 @@ class Loop(StepFunctions):
                         steps=validation_steps,
                         callbacks=callbacks,
                         return_dict=True,
-                        _use_cached_eval_dataset=True,
+                        **_compat.keras3_only.FIT_VALIDATION_KWARGS,
                     )
                     epoch_logs.update({f"val_{name}": value for name, value in val_logs.items()})
                 callbacks.on_epoch_end(epoch, epoch_logs)
@@ -223,8 +223,8 @@ class Loop(StepFunctions):
         return_dict: bool = False,
         **kwargs: Any,
     ) -> Any:
-        self._assert_compile_called("evaluate")
-        use_fit_validation = kwargs.pop("_use_cached_eval_dataset", False)  # fit's validation (Keras' name)
+        _compat.keras3_only.assert_compiled(self, "evaluate")
+        use_fit_validation = _compat.keras3_only.pop_fit_validation(kwargs)  # fit's validation
         if kwargs:
             raise ValueError(f"Arguments not recognized: {kwargs}")
         fit_calls = [call for call in state_of(self).loop_calls if call.kind == "fit"]
@@ -238,7 +238,7 @@ class Loop(StepFunctions):
                 )
             )
         with owned, self._running(LoopCall("evaluate")):
-            self._maybe_symbolic_build(iterator=epoch_iterator)
+            _compat.keras3_only.build_before_loop(self, epoch_iterator)
             epoch_iterator.reset()
             callbacks = self._callback_list(
                 callbacks, add_history=False, verbose=verbose, epochs=1, steps=epoch_iterator.num_batches
@@ -255,11 +255,11 @@ class Loop(StepFunctions):
                 stopped=lambda: self.stop_evaluating,
                 logs={},
             )
-            logs = _compat.keras3_only.evaluation_logs(self._get_metrics_result_or_logs(logs, returned=stepped))
+            logs = _compat.keras3_only.evaluation_logs(_compat.keras3_only.epoch_logs(self, logs, returned=stepped))
             callbacks.on_test_end(logs)
         if return_dict:
             return logs
-        return self._flatten_metrics_in_order(logs)
+        return _compat.keras3_only.flat_logs(self, logs)
 
     def predict(
         self,

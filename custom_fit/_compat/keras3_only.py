@@ -35,21 +35,29 @@ from keras.src.utils import python_utils as _python_utils
 from custom_fit._compat import common
 
 __all__ = [
+    "FIT_VALIDATION_KWARGS",
     "VERSION",
     "EpochIterator",
     "Execution",
     "aggregate_additional_loss",
+    "assert_compiled",
     "batch_end_step",
+    "build_before_loop",
     "build_compiled_state",
     "capped_epochs",
     "compiled_loss_trackers",
     "compiled_loss_value",
     "concat_predictions",
     "data_epoch",
+    "epoch_logs",
     "evaluation_logs",
+    "first_epoch",
+    "flat_logs",
+    "pop_fit_validation",
     "seed_generator_states",
     "sum_losses",
     "train_validation_split",
+    "validates_after",
 ]
 
 
@@ -334,6 +342,47 @@ def capped_epochs(epochs: int) -> int:
         warnings.warn(f"Limiting epochs to {max_epochs}", stacklevel=3)
         return int(max_epochs)
     return epochs
+
+
+# -- the trainer's private methods the loop calls (custom_fit._loop reads no Keras private name) --
+
+#: The keyword ``fit`` passes to ``evaluate`` for its validation: reuse the validation epoch iterator.
+FIT_VALIDATION_KWARGS: dict[str, Any] = {"_use_cached_eval_dataset": True}
+
+
+def pop_fit_validation(kwargs: dict[str, Any]) -> bool:
+    """Removes :data:`FIT_VALIDATION_KWARGS`' keyword from ``evaluate``'s ``kwargs``: whether ``fit`` validates."""
+    return bool(kwargs.pop("_use_cached_eval_dataset", False))
+
+
+def assert_compiled(model: keras.Model, method_name: str) -> None:
+    """Raises when ``compile()`` was not called (``Trainer._assert_compile_called``; TrainerHooks' message)."""
+    model._assert_compile_called(method_name)
+
+
+def build_before_loop(model: keras.Model, epoch_iterator: Any) -> None:
+    """Builds what a first batch builds before ``fit``/``evaluate`` run (``Trainer._maybe_symbolic_build``)."""
+    model._maybe_symbolic_build(iterator=epoch_iterator)
+
+
+def first_epoch(model: keras.Model, initial_epoch: int) -> int:
+    """Where ``fit`` starts: the epoch a ``BackupAndRestore`` set (``model._initial_epoch``), else ``initial_epoch``."""
+    return model._initial_epoch or initial_epoch
+
+
+def epoch_logs(model: keras.Model, logs: Any, *, returned: bool) -> Any:
+    """The metrics' results merged over the last step's ``logs`` (``Trainer._get_metrics_result_or_logs``)."""
+    return model._get_metrics_result_or_logs(logs, returned=returned)
+
+
+def validates_after(model: keras.Model, epoch: int, validation_freq: Any) -> bool:
+    """Whether ``fit`` validates after ``epoch`` (``Trainer._should_eval``)."""
+    return bool(model._should_eval(epoch, validation_freq))
+
+
+def flat_logs(model: keras.Model, logs: Any) -> Any:
+    """``evaluate``'s logs as it returns them without ``return_dict`` (``Trainer._flatten_metrics_in_order``)."""
+    return model._flatten_metrics_in_order(logs)
 
 
 def train_validation_split(arrays: tuple[Any, ...], validation_split: float) -> tuple[tuple[Any, ...], Any]:
