@@ -82,16 +82,14 @@ class ModelHost:
 
     def add_weight(self, *args: Any, **kwargs: Any) -> Any: ...
 
-    # Private trainer state and methods custom_fit reads or overrides (Keras 3, then tf_keras).
+    # The trainer's state and methods the mixins use. Keras' private names are declared where they
+    # are used: by each TrainerHooks, in custom_fit._compat.keras3 and custom_fit._compat.keras2.
 
     compiled: bool
     history: Any
     stop_training: bool
     stop_evaluating: bool
     stop_predicting: bool
-    _distribute_strategy: Any
-    _is_compiled: bool
-    _initial_epoch: int | None
 
     def reset_metrics(self) -> None: ...
 
@@ -99,25 +97,7 @@ class ModelHost:
 
     def make_test_function(self, force: bool = False) -> Callable[..., Any]: ...
 
-    def _assert_compile_called(self, method_name: str | None = None) -> None: ...
-
-    def _maybe_symbolic_build(self, iterator: Any = None, data_batch: Any = None) -> None: ...
-
-    def _should_eval(self, epoch: int, validation_freq: Any) -> bool: ...
-
-    def _flatten_metrics_in_order(self, logs: Any) -> Any: ...
-
     def call(self, *args: Any, **kwargs: Any) -> Any: ...
-
-    def _symbolic_build(self, data_batch: Any = None) -> None: ...
-
-    def _maybe_load_initial_counters_from_ckpt(self, steps_per_epoch: int, initial_epoch: int) -> int: ...
-
-    def _get_optimizer(self, optimizer: Any) -> Any: ...
-
-    def _get_metrics_result_or_logs(self, logs: Any, returned: bool = True) -> Any: ...
-
-    def _updated_config(self) -> dict[str, Any]: ...
 
     # -- what custom_fit adds to the model ----------------------------------------------
 

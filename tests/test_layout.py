@@ -129,3 +129,38 @@ def test_compat_names_used_elsewhere_are_declared() -> None:
             elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "_compat":
                 found += [f"{path.name}:{node.lineno} _compat.{node.attr}"] if node.attr not in allowed else []
     assert found == []
+
+
+def _declaration_only(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """A body of ``...`` (after a docstring): a type declaration (``_host.ModelHost``), not a definition."""
+    body = [s for s in node.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    return not body and isinstance(node.body[-1].value, ast.Constant) and node.body[-1].value.value is ...  # type: ignore[attr-defined]
+
+
+def test_private_names_outside_compat_are_custom_fits_own() -> None:
+    """Outside ``_compat``, every ``obj._name`` read (or ``_name=`` keyword) is a name custom_fit defines there.
+
+    Defined: a function or class, an attribute assigned (``self._x = ...``), or named by
+    ``setattr``/``set_untracked(obj, "_x", ...)`` in those modules; a declaration for type checkers
+    (``_host.ModelHost``) is not a definition. Keras' private names are read in ``custom_fit._compat``
+    (``keras3_only``, the version modules' ``TrainerHooks``) and nowhere else.
+    """
+    outside = [path for name, path in _modules().items() if not name.startswith("custom_fit._compat")]
+    defined: set[str] = set()
+    read: list[str] = []
+    for path in outside:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) or (
+                isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not _declaration_only(node)
+            ):
+                defined.add(node.name)
+            elif isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] in ("setattr", "set_untracked"):
+                defined.update(str(a.value) for a in node.args[1:2] if isinstance(a, ast.Constant))
+            elif isinstance(node, ast.keyword) and (node.arg or "").startswith("_"):
+                read.append(f"{path.name}:{node.value.lineno} {node.arg}=")
+            elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                if isinstance(node.ctx, ast.Store):
+                    defined.add(node.attr)
+                else:
+                    read.append(f"{path.name}:{node.lineno} .{node.attr}")
+    assert [entry for entry in read if entry.split(" ")[1].strip(".=") not in defined] == []

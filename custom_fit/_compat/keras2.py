@@ -24,7 +24,7 @@ import functools
 import inspect
 import random
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 import tf_keras as keras
@@ -666,7 +666,24 @@ share_registered_name = sharing_registered_names(_registration._GLOBAL_CUSTOM_NA
 # --------------------------------------------------------------------------
 
 
-class TrainerHooks(Host):
+if TYPE_CHECKING:
+
+    class _TrainerHost(Host):
+        """The model with the private tf_keras ``Model`` names :class:`TrainerHooks` reads or overrides."""
+
+        _is_compiled: bool
+
+        def _updated_config(self) -> dict[str, Any]: ...
+
+        def _maybe_load_initial_counters_from_ckpt(self, steps_per_epoch: int, initial_epoch: int) -> int: ...
+
+        def _get_optimizer(self, optimizer: Any) -> Any: ...
+
+else:
+    _TrainerHost = Host
+
+
+class TrainerHooks(_TrainerHost):
     """Overrides of private ``tf_keras`` ``Model`` methods; ``CustomModel`` inherits it first."""
 
     def _updated_config(self) -> dict[str, Any]:

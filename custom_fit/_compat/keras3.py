@@ -13,7 +13,7 @@ Nothing in this module is public API.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
 import numpy as np
@@ -588,7 +588,26 @@ def _names_of_untouched_metrics(model: Any) -> set[str]:
     return names
 
 
-class TrainerHooks(Host):
+if TYPE_CHECKING:
+
+    class _TrainerHost(Host):
+        """The model with the private Keras 3 ``Trainer`` names :class:`TrainerHooks` reads or overrides."""
+
+        _distribute_strategy: Any
+
+        def _assert_compile_called(self, method_name: str | None = None) -> None: ...
+
+        def _get_metrics_result_or_logs(self, logs: Any, returned: bool = True) -> Any: ...
+
+        def _maybe_symbolic_build(self, iterator: Any = None, data_batch: Any = None) -> None: ...
+
+        def _symbolic_build(self, data_batch: Any = None) -> None: ...
+
+else:
+    _TrainerHost = Host
+
+
+class TrainerHooks(_TrainerHost):
     """Overrides of private ``Trainer`` methods; ``CustomModel`` inherits it before ``keras.Model``."""
 
     def _assert_compile_called(self, method_name: str | None = None) -> None:
