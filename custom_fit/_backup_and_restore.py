@@ -15,9 +15,11 @@ no restart can read. This callback has Keras' signature and meaning, plus:
 A backup holds the weights file Keras writes (model, optimizer, and with
 ``CustomModel`` the random seed generator states), the metric variables,
 Python's and NumPy's global random states, and where ``fit`` is in its data:
-:class:`~custom_fit._progress.EpochPosition` (Keras 3) records which data iterator each batch comes
-from; a resumed run makes and drops the iterators the interrupted run had
-made, then skips the batches it had trained on.
+:class:`~custom_fit._progress.Progress`, which the running ``fit`` hands the
+callback: its ``state_dict`` (epoch, step, and on Keras 3 which data iterator
+each batch comes from) goes into each backup, and a resumed ``fit`` loads it;
+the loop then makes and drops the iterators the interrupted run had made, and
+skips the batches it had trained on.
 """
 
 from __future__ import annotations
@@ -37,11 +39,9 @@ import tensorflow as tf
 from custom_fit import _compat
 from custom_fit._backup_store import BackupStore
 from custom_fit._compat import keras, version
-from custom_fit._loop import fit_position
 from custom_fit._preemption import EPOCH_END, PREEMPTION_EXIT_CODE, Boundary, ClusterAgreement, PreemptionNotice
-from custom_fit._progress import EpochPosition
+from custom_fit._progress import EpochPosition, Position, Progress
 from custom_fit._random_state import RandomState, random_state_arrays, random_states
-from custom_fit._state import running_fit, state_of
 
 __all__ = ["Backup", "BackupAndRestore"]
 
@@ -78,6 +78,11 @@ class Backup:
     hook_states: list[tuple[RandomState, RandomState]]
     metric_values: list[list[np.ndarray]]
     data_epoch: int | None = None
+
+    @property
+    def position(self) -> Position:
+        """Where the resumed ``fit`` starts (what the running ``fit``'s progress said)."""
+        return Position(self.epoch, self.step, self.iterator, self.skip, self.data_epoch)
 
     def write(self, directory: Path) -> None:
         """Writes ``meta.json`` and ``state.npz`` into ``directory``."""
@@ -248,7 +253,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._writes = True  # whether this process writes the backups (a cluster's chief does)
         self._store = store if store is not None else BackupStore(self.backup_dir)
         self._resume: Backup | None = None
-        self._position: EpochPosition | None = None
+        self._progress: Progress | None = None  # the running fit's (set_progress), if it is custom_fit's
         self._epoch = 0
         self._epoch_random_state = RandomState.capture()
         self._hook_states: list[tuple[RandomState, RandomState]] = []
@@ -259,15 +264,22 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     # Hooks, in the order fit calls them ----------------------------------------------
 
+    def set_progress(self, progress: Progress) -> None:
+        """Takes the progress of the ``fit`` it runs in: custom_fit's loop calls it before ``on_train_begin``.
+
+        A ``fit`` custom_fit does not run (a plain ``keras.Model``) hands none:
+        the callback then resumes at epochs, through Keras' own means.
+        """
+        self._progress = progress
+
     def on_train_begin(self, logs: Any = None) -> None:
-        """Locks ``backup_dir``, loads the newest readable backup into the model, tells ``fit`` where to resume.
+        """Locks ``backup_dir``, loads the newest readable backup into the model and its position into ``fit``.
 
         Raises:
             BackupDirectoryInUseError: Another process uses ``backup_dir``.
             OSError: Backups exist, but none can be read.
         """
-        self._position = fit_position(self.model)
-        if self.save_freq != "epoch" and self._position is None:
+        if self.save_freq != "epoch" and self._data is None:
             raise TypeError(
                 f"BackupAndRestore(save_freq={self.save_freq}) resumes mid-epoch through custom_fit's fit "
                 f"loop, but the model is a {type(self.model).__name__}. Fix: use custom_fit.CustomModel "
@@ -287,24 +299,26 @@ class BackupAndRestore(keras.callbacks.Callback):
         if self.save_before_preemption:
             self._arm_preemption_notice()
         self._resume = self._store.load_latest(self._load)
-        version.set_initial_epoch(self.model, self._resume.epoch if self._resume else None)
+        if self._progress is None:  # Keras' own loop (Keras 3, a plain keras.Model) reads it from the model
+            version.set_initial_epoch(self.model, self._resume.epoch if self._resume else None)
+        elif self._resume is not None:
+            self._progress.load_state_dict(dataclasses.asdict(self._resume.position))
         self._hook_states = list(self._resume.hook_states) if self._resume else []
-        if self._position is not None:
-            self._position.resume = self._resume
-            self._position.hook_states = self._hook_states
+        if self._data is not None:
+            self._data.hook_states = self._hook_states
         self._unsaved_steps = 0
 
     def _arm_preemption_notice(self) -> None:
         """Catches ``SIGTERM`` while the ``fit`` running now runs (``on_train_begin``, after the strategy exists).
 
         After the strategy exists: its coordination service installs a
-        ``SIGTERM`` handler of its own. The notice asks the model's record of
-        the running ``fit`` whether ``fit`` still runs; a model whose ``fit``
-        custom_fit does not run (a plain ``keras.Model``) has none, so its
-        ``SIGTERM`` keeps Python's meaning, with a warning.
+        ``SIGTERM`` handler of its own. The notice asks the running ``fit``'s
+        progress whether ``fit`` still runs; a ``fit`` custom_fit does not run
+        (a plain ``keras.Model``) has none, so its ``SIGTERM`` keeps Python's
+        meaning, with a warning.
         """
-        fit_call = running_fit(self.model)
-        if fit_call is None:
+        progress = self._progress
+        if progress is None:
             warnings.warn(
                 f"custom_fit.BackupAndRestore(save_before_preemption=True) saves on SIGTERM in the fit of a "
                 f"custom_fit model, but the model is a {type(self.model).__name__}: a SIGTERM ends this run as "
@@ -314,10 +328,9 @@ class BackupAndRestore(keras.callbacks.Callback):
                 stacklevel=3,
             )
             return
-        model = self.model
-        self._notice = PreemptionNotice(lambda: any(call is fit_call for call in state_of(model).loop_calls))
-        if self._notice.install() and _has_several_workers(model.distribute_strategy):
-            self._cluster = ClusterAgreement(model.distribute_strategy, self._notice)
+        self._notice = PreemptionNotice(lambda: progress.running)
+        if self._notice.install() and _has_several_workers(self.model.distribute_strategy):
+            self._cluster = ClusterAgreement(self.model.distribute_strategy, self._notice)
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         """Restores the metrics and the random state in the resumed epoch; remembers the random state."""
@@ -329,7 +342,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             self._counted_from = resume.step
             if resume.step:
                 self._restore_metrics(resume.metric_values)
-            if self._position is not None:
+            if self._data is not None:
                 self._replay_data_hooks(resume.hook_states)
             resume.random_state.restore()
         self._epoch_random_state = RandomState.capture()
@@ -337,20 +350,12 @@ class BackupAndRestore(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
         """Writes a backup when ``save_freq`` steps were trained since the last one, or a ``SIGTERM`` came."""
         if self._preemption_due((self._epoch, batch)):
-            if self._position is not None:
-                self._write(
-                    self._epoch,
-                    batch,
-                    *self._position.at_step(batch),
-                    self._epoch_random_state,
-                    self._position.data_epoch,
-                )
+            if self._data is not None:
+                self._write(self._epoch_random_state)
                 self._exit_preempted(f"saved a backup at epoch {self._epoch + 1}, step {batch}")
             self._exit_preempted("resuming from the last backup (the resume position is unknown here)")
         if self._every is not None and self._unsaved_steps + batch - self._counted_from >= self._every:
-            assert self._position is not None
-            position = self._position
-            self._write(self._epoch, batch, *position.at_step(batch), self._epoch_random_state, position.data_epoch)
+            self._write(self._epoch_random_state)
             self._unsaved_steps, self._counted_from = 0, batch
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
@@ -362,8 +367,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._unsaved_steps += self._steps_in_epoch - self._counted_from
         preempted = self._preemption_due((epoch, EPOCH_END))
         if self._every is None or self._unsaved_steps >= self._every or preempted:
-            position = self._position.at_next_epoch() if self._position is not None else (0, 0)
-            self._write(epoch + 1, 0, *position, RandomState.capture(), self._data_epoch_now())
+            self._write(RandomState.capture(), next_epoch=epoch + 1)
             self._unsaved_steps = 0
         if preempted:
             self._exit_preempted(f"saved a backup at the end of epoch {epoch + 1}")
@@ -373,7 +377,9 @@ class BackupAndRestore(keras.callbacks.Callback):
 
         The next ``fit`` starts at its own ``initial_epoch``.
         """
-        version.set_initial_epoch(self.model, None)
+        if self._progress is None:
+            version.set_initial_epoch(self.model, None)
+        self._progress = None
         self._stop_watching()
         if self._writes:
             if self.delete_checkpoint:
@@ -421,27 +427,32 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     # Writing and reading -------------------------------------------------------------
 
-    def _data_epoch_now(self) -> int | None:
-        """The data adapter's count of ended epochs (Keras >= 3.16), read after an epoch ended."""
-        if self._position is None or self._position.adapter is None:
-            return None
-        return _compat.keras3_only.data_epoch(self._position.adapter)
+    @property
+    def _data(self) -> EpochPosition | None:
+        """Where the running ``fit`` reads its data (Keras 3, custom_fit's loop), else ``None``."""
+        return self._progress.data if self._progress is not None else None
 
-    def _write(
-        self, epoch: int, step: int, iterator: int, skip: int, random_state: RandomState, data_epoch: int | None
-    ) -> None:
+    def _write(self, random_state: RandomState, *, next_epoch: int | None = None) -> None:
+        """Writes a backup: the model, where the running ``fit`` is, ``random_state``.
+
+        Args:
+            random_state: The global random state a resumed run restores.
+            next_epoch: At an epoch's end, the next epoch: where a ``fit``
+                custom_fit does not run (no progress) resumes.
+        """
+        if self._progress is not None:
+            position = Position(**self._progress.state_dict())
+        else:  # Keras' own loop (a plain keras.Model on Keras 3): backups at epochs' ends only
+            assert next_epoch is not None
+            position = Position(next_epoch, 0)
         backup = Backup(
-            epoch=epoch,
-            step=step,
-            iterator=iterator,
-            skip=skip,
+            **dataclasses.asdict(position),
             random_state=random_state,
             hook_states=list(self._hook_states),
             # At an epoch's start Keras resets the metrics: nothing to restore.
             metric_values=[[np.asarray(v.numpy()) for v in m.variables] for m in _epoch_metrics(self.model)]
-            if step
+            if position.step
             else [],
-            data_epoch=data_epoch,
         )
 
         def fill(directory: Path) -> None:
@@ -473,8 +484,8 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     def _restore_metrics(self, values: list[list[np.ndarray]]) -> None:
         """Sets each metric variable to its backed-up value (Keras reset them when the epoch began)."""
-        if self._position is not None and self._position.element_spec is not None:
-            _compat.keras3_only.build_compiled_state(self.model, self._position.element_spec)
+        if self._data is not None and self._data.element_spec is not None:
+            _compat.keras3_only.build_compiled_state(self.model, self._data.element_spec)
         metrics = _epoch_metrics(self.model)
         shapes = [[tuple(v.shape) for v in metric.variables] for metric in metrics]
         if shapes != [[value.shape for value in saved] for saved in values]:
@@ -496,8 +507,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         """
         if not hook_states:
             return
-        assert self._position is not None and self._position.adapter is not None  # only such data records hooks
-        adapter = self._position.adapter
+        assert self._data is not None and self._data.adapter is not None  # only such data records hooks
+        adapter = self._data.adapter
         for begin, end in hook_states:
             begin.restore()
             adapter.on_epoch_begin()

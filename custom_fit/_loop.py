@@ -10,8 +10,11 @@ the pieces, instead of patching Keras' objects from outside:
   a subclass of Keras') asks a *plan* how many steps each execution fuses
   (``compile(steps_per_execution="auto")``: the model's
   :class:`~custom_fit._step_fusion.StepsPerExecutionTuner`) and reports to
-  the call's :class:`EpochPosition`, from which
-  :class:`~custom_fit.BackupAndRestore` resumes at the exact step;
+  the call's :class:`~custom_fit._progress.EpochPosition`;
+* each ``fit`` owns a :class:`~custom_fit._progress.Progress` (epoch, step,
+  data position), which it moves along and hands to the callbacks that take
+  it: :class:`~custom_fit.BackupAndRestore` saves its ``state_dict`` and
+  loads one into it, and the loop starts where it says;
 * the callbacks are a :class:`~custom_fit._callbacks.LazyCallbackList` (no
   host wait per step) unless the user passes a ``CallbackList``.
 
@@ -42,11 +45,11 @@ import tensorflow as tf
 from custom_fit import _compat
 from custom_fit._callbacks import LazyCallbackList
 from custom_fit._compat import keras
-from custom_fit._progress import EpochPosition
+from custom_fit._progress import EpochPosition, Progress, hand_to_callbacks
 from custom_fit._state import LoopCall, state_of
 from custom_fit._step_functions import StepFunctions
 
-__all__ = ["Loop", "fit_position"]
+__all__ = ["Loop"]
 
 
 class Loop(StepFunctions):
@@ -107,14 +110,15 @@ class Loop(StepFunctions):
             )
         if validation_data is not None:
             val_x, val_y, val_sample_weight = keras.utils.unpack_x_y_sample_weight(validation_data)
-        call = LoopCall("fit", position=EpochPosition())
+        progress = Progress(data=EpochPosition())
+        call = LoopCall("fit", progress=progress)
         state = state_of(self)
         tuner, fixed = state.steps_tuner, state.fixed_steps_per_execution
         with (
             self._running(call),
             _compat.keras3_only.EpochIterator(
                 plan=tuner.plan if tuner is not None else lambda remaining: fixed,
-                position=call.position,
+                position=progress.data,
                 x=x,
                 y=y,
                 sample_weight=sample_weight,
@@ -131,22 +135,32 @@ class Loop(StepFunctions):
             callbacks = self._callback_list(
                 callbacks, add_history=True, verbose=verbose, epochs=epochs, steps=epoch_iterator.num_batches
             )
+            hand_to_callbacks(progress, callbacks)
+
+            def train_batch_begin(step: int) -> None:
+                progress.step_begins(step)
+                callbacks.on_train_batch_begin(step)
+
             self.stop_training = False
             self.make_train_function()
             callbacks.on_train_begin()
             training_logs = None
             logs: Any = {}
-            for epoch in range(_compat.keras3_only.first_epoch(self, initial_epoch), epochs):  # or BackupAndRestore's
+            # Where a backup loaded into the progress says (custom_fit.BackupAndRestore), else where
+            # Keras' own BackupAndRestore says (model._initial_epoch), else the argument.
+            for epoch in range(progress.first_epoch(_compat.keras3_only.first_epoch(self, initial_epoch)), epochs):
                 self.reset_metrics()
+                progress.epoch_begins(epoch)
                 callbacks.on_epoch_begin(epoch)
                 logs, stepped = self._run_epoch(
                     epoch_iterator,
                     lambda execution: self.train_function(execution),  # read per execution, as Keras does
-                    callbacks.on_train_batch_begin,
+                    train_batch_begin,
                     callbacks.on_train_batch_end,
                     stopped=lambda: self.stop_training,
                     logs=logs,
                 )
+                progress.epoch_ends()
                 # The metrics' results replace the last step's logs where they name the same values
                 # (after an epoch that ran no step, the logs are the epoch before's, as in Keras).
                 epoch_logs = dict(_compat.keras3_only.epoch_logs(self, logs, returned=stepped))
@@ -350,10 +364,3 @@ def _batches(execution: Any) -> list[Any]:
                 return batches
             raise
     return batches
-
-
-def fit_position(model: Any) -> EpochPosition | None:
-    """Where the ``fit`` running on ``model`` reads its data; ``None`` when no custom_fit ``fit`` runs (Keras 3)."""
-    calls = state_of(model).loop_calls if isinstance(model, Loop) else []
-    positions = [call.position for call in calls if call.position is not None]
-    return positions[-1] if positions else None

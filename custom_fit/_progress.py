@@ -1,31 +1,29 @@
-"""Where ``fit`` is in its data: what a resumed ``fit`` needs to read the batches the interrupted one would have.
+"""Where a running ``fit`` is: the state a resumed ``fit`` loads to go on where the interrupted one stopped.
 
-:class:`EpochPosition` is kept by each running ``fit`` (Keras 3: on its
-:class:`~custom_fit._state.LoopCall`); the epoch iterator
-(:class:`custom_fit._compat.keras3_only.EpochIterator`) reports to it, and
-:class:`custom_fit.BackupAndRestore` reads it when it writes a backup and
-hands it a :class:`ResumePoint` when it loads one. It knows nothing of the
-model or the loop, so both may hold it.
+Each ``fit`` owns one :class:`Progress` (on its
+:class:`~custom_fit._state.LoopCall`), which the loop moves along (epoch and
+step) and hands to the callbacks that take it (``set_progress``, as Keras
+hands the model with ``set_model``). :class:`custom_fit.BackupAndRestore`
+writes its :meth:`~Progress.state_dict` into each backup and loads a backup's
+with :meth:`~Progress.load_state_dict` before the first epoch; the loop then
+starts there. On Keras 3 its :class:`EpochPosition` also says where the data
+is: the epoch iterator (:class:`custom_fit._compat.keras3_only.EpochIterator`)
+reports to it which data iterator each batch comes from, and starts a resumed
+epoch after the batches already trained. Neither knows the model or the loop,
+so both may hold them.
 
 Nothing in this module is public API.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 from custom_fit._random_state import RandomState
 
-__all__ = ["EpochPosition", "ResumePoint"]
-
-
-class ResumePoint(Protocol):
-    """Where a resumed ``fit`` starts (a :class:`custom_fit._backup_and_restore.Backup` is one)."""
-
-    step: int  # the first step of the epoch not trained yet
-    iterator: int  # which data iterator, counted from fit's start, that step reads from
-    skip: int  # how many of its batches were read before that step
-    data_epoch: int | None  # the data adapter's count of ended epochs (Keras >= 3.16)
+__all__ = ["EpochPosition", "Position", "Progress"]
 
 
 class EpochPosition:
@@ -52,7 +50,7 @@ class EpochPosition:
         #: The index of the iterator the current epoch reads from.
         self.iterator = 0
         #: Set by :class:`BackupAndRestore` before the first epoch of a resumed run.
-        self.resume: ResumePoint | None = None
+        self.resume: Position | None = None
         #: The random state before each epoch's ``on_epoch_begin`` and ``on_epoch_end``
         #: of the data, kept when :attr:`records_hooks` (set by the epoch iterator).
         self.hook_states: list[tuple[RandomState, RandomState]] = []
@@ -61,13 +59,15 @@ class EpochPosition:
         #: The data adapter's count of ended epochs when the current epoch began (Keras >= 3.16).
         self.data_epoch: int | None = None
         self.element_spec: Any = None  # the structure, shapes and dtypes of a batch
+        #: The data adapter's count of ended epochs now (set by the epoch iterator; Keras >= 3.16).
+        self.read_data_epoch: Callable[[], int | None] = lambda: None
         self._batches_before_step_0 = 0
         self._next_epoch: tuple[int, int] | None = None
         self._hook_begin: RandomState | None = None
 
     # Called by the epoch iterator --------------------------------------------------
 
-    def take_resume(self) -> ResumePoint | None:
+    def take_resume(self) -> Position | None:
         """The backup to resume from, once (the first epoch of a resumed run)."""
         resume, self.resume = self.resume, None
         return resume
@@ -108,3 +108,122 @@ class EpochPosition:
     def at_next_epoch(self) -> tuple[int, int]:
         """``(iterator, batches read before)`` for step 0 of the next epoch."""
         return self._next_epoch if self._next_epoch is not None else (self.iterators_made, 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Position:
+    """A point of a ``fit`` where it can stop and resume.
+
+    Attributes:
+        epoch: The epoch to resume in.
+        step: The first step of ``epoch`` not trained yet (0: the epoch's start).
+        iterator: Which data iterator, counted from ``fit``'s start, that step reads from.
+        skip: How many of that iterator's batches were read before that step.
+        data_epoch: The data adapter's count of ended epochs when ``epoch``
+            began, where its shuffle depends on it (Keras >= 3.16); else ``None``.
+    """
+
+    epoch: int
+    step: int
+    iterator: int = 0
+    skip: int = 0
+    data_epoch: int | None = None
+
+
+class Progress:
+    """What a running ``fit`` has trained and where it reads its data: the state a resumed ``fit`` loads.
+
+    The loop owns one per ``fit`` call and tells it, in its order, when an
+    epoch begins (:meth:`epoch_begins`, before ``on_epoch_begin``), when a step
+    begins (:meth:`step_begins`, before ``on_train_batch_begin``) and when the
+    epoch's steps are done (:meth:`epoch_ends`, before validation and
+    ``on_epoch_end``). :meth:`state_dict` is then the point a ``fit`` stopped
+    now would resume at; a resumed ``fit`` is given it with
+    :meth:`load_state_dict` before its first epoch (``on_train_begin``) and
+    starts there (:meth:`first_epoch`). The data's part of it is
+    :attr:`data`, where ``fit`` reads its batches (Keras 3; ``None`` on
+    Keras 2, whose epochs start at their first batch).
+
+    Example:
+        >>> progress = Progress(data=None)
+        >>> progress.epoch_begins(0); progress.step_begins(3); progress.state_dict()["step"]
+        3
+        >>> progress.epoch_ends(); progress.state_dict()["epoch"], progress.state_dict()["step"]
+        (1, 0)
+        >>> resumed = Progress(data=None); resumed.load_state_dict(progress.state_dict())
+        >>> resumed.first_epoch(initial_epoch=0)
+        1
+    """
+
+    def __init__(self, data: EpochPosition | None) -> None:
+        #: Where ``fit`` reads its data (Keras 3), else ``None``.
+        self.data = data
+        #: Whether the ``fit`` that owns it still runs (``False`` once it returned or raised).
+        self.running = True
+        self.epoch = 0
+        self.step = 0
+        self._epoch_done = False
+        self._loaded: Position | None = None
+
+    # Told by the loop ----------------------------------------------------------------
+
+    def epoch_begins(self, epoch: int) -> None:
+        """Epoch ``epoch`` begins (before ``on_epoch_begin``)."""
+        self.epoch, self.step, self._epoch_done = epoch, 0, False
+
+    def step_begins(self, step: int) -> None:
+        """The execution that trains ``step`` (counted in the epoch) begins (before ``on_train_batch_begin``)."""
+        self.step = step
+
+    def epoch_ends(self) -> None:
+        """The epoch's steps are done (before its validation and ``on_epoch_end``)."""
+        self._epoch_done = True
+
+    @property
+    def loaded(self) -> bool:
+        """Whether a :meth:`state_dict` was loaded (the ``fit`` resumes an interrupted one)."""
+        return self._loaded is not None
+
+    def first_epoch(self, initial_epoch: int) -> int:
+        """The epoch ``fit`` starts with: the loaded one, else ``fit``'s ``initial_epoch``."""
+        return self._loaded.epoch if self._loaded is not None else initial_epoch
+
+    def forget_data(self) -> None:
+        """Drops what holds the data (``fit`` ended: nothing keeps it past ``fit``, as in Keras)."""
+        if self.data is not None:
+            self.data.adapter = None
+            self.data.read_data_epoch = lambda: None
+
+    # Read and loaded by BackupAndRestore ---------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The point a ``fit`` stopped now would resume at (see :class:`Position`), as plain values."""
+        data = self.data
+        if self._epoch_done:
+            iterator, skip = data.at_next_epoch() if data is not None else (0, 0)
+            point = Position(self.epoch + 1, 0, iterator, skip, data.read_data_epoch() if data is not None else None)
+        else:
+            iterator, skip = data.at_step(self.step) if data is not None else (0, 0)
+            point = Position(self.epoch, self.step, iterator, skip, data.data_epoch if data is not None else None)
+        return dataclasses.asdict(point)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Makes ``fit`` start at ``state`` (a :meth:`state_dict`); before its first epoch."""
+        self._loaded = Position(**state)
+        if self.data is not None:
+            self.data.resume = self._loaded
+
+
+def hand_to_callbacks(progress: Progress, callbacks: Any) -> None:
+    """Gives ``progress`` to each callback that takes one: ``callback.set_progress(progress)``.
+
+    As Keras gives each callback the model (``set_model``), the loop gives
+    the ``fit`` it runs the callbacks that ask for its progress
+    (:class:`custom_fit.BackupAndRestore`), before ``on_train_begin``.
+    ``callbacks`` is a ``CallbackList``, a list of callbacks, one, or ``None``.
+    """
+    items = getattr(callbacks, "callbacks", callbacks)
+    for callback in items if isinstance(items, (list, tuple)) else [items]:
+        set_progress = getattr(callback, "set_progress", None)
+        if callable(set_progress):
+            set_progress(progress)

@@ -22,7 +22,7 @@ from custom_fit._compat.common import set_untracked
 from custom_fit._diagnostics import StepDiagnostics
 
 if TYPE_CHECKING:
-    from custom_fit._progress import EpochPosition
+    from custom_fit._progress import Progress
     from custom_fit._step_fusion import StepsPerExecutionTuner
     from custom_fit._value_trackers import LoggedValues
 
@@ -36,17 +36,17 @@ class LoopCall:
     """One ``fit``, ``evaluate`` or ``predict`` call running on a model.
 
     Keras 3 records every call (custom_fit runs the loop); Keras 2 records
-    ``fit`` (tf_keras runs the loop), and its ``position`` is ``None``.
+    ``fit`` (tf_keras runs the loop).
 
     Attributes:
         kind: The method.
-        position: ``fit`` only: where it reads its data.
+        progress: ``fit`` only: where it is (epoch, step, data), the state a resumed ``fit`` loads.
         validation: ``fit`` only: the epoch iterator of its validation data,
             made at the first validation and kept until ``fit`` returns.
     """
 
     kind: Literal["fit", "evaluate", "predict"]
-    position: EpochPosition | None = None
+    progress: Progress | None = None
     validation: Any = None
 
     def close_validation(self) -> None:

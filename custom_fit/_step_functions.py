@@ -11,6 +11,7 @@ The fused, distributed loop itself is :func:`custom_fit._compat.version.make_ste
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -22,7 +23,8 @@ from custom_fit._compat import version
 from custom_fit._compat.common import explain_xla_errors
 from custom_fit._logged_values import flat_logs
 from custom_fit._optimizers import NamedOptimizers
-from custom_fit._state import LoopCall, state_of
+from custom_fit._progress import Progress, hand_to_callbacks
+from custom_fit._state import LoopCall, running_fit, state_of
 
 __all__ = ["StepFunctions"]
 
@@ -38,11 +40,31 @@ class StepFunctions(_compat.TrainerHooks):
     """
 
     def fit(self, *args: Any, **kwargs: Any) -> Any:
-        # Keras 2: tf_keras' fit, recorded as a running call (Keras 3's Loop.fit records its own).
-        # While it runs, state_of(model).loop_calls holds it: custom_fit.BackupAndRestore asks it
-        # whether fit still runs, also after fit ended by an exception (no on_train_end).
-        with self._running(LoopCall("fit")):
-            return super().fit(*args, **kwargs)
+        # Keras 2: tf_keras' fit, recorded as a running call with its progress (Keras 3's Loop.fit
+        # runs its own). tf_keras' loop moves the progress along through a callback that runs
+        # first (_ProgressReporter); the callbacks that take it get it, as in Keras 3's loop, and
+        # tf_keras asks where to start through _fit_progress.
+        arguments = inspect.signature(_compat.keras.Model.fit).bind(self, *args, **kwargs).arguments
+        progress = Progress(data=None)
+        callbacks = arguments.get("callbacks")
+        hand_to_callbacks(progress, callbacks)
+        reporter = _ProgressReporter(progress)
+        if isinstance(callbacks, _compat.keras.callbacks.CallbackList):
+            callbacks.callbacks.insert(0, reporter)  # the user's list: taken out again when fit ends
+        else:
+            arguments["callbacks"] = [reporter, *tf.nest.flatten(callbacks or [])]
+        del arguments["self"]
+        try:
+            with self._running(LoopCall("fit", progress=progress)):
+                return super().fit(**arguments)
+        finally:
+            if isinstance(callbacks, _compat.keras.callbacks.CallbackList):
+                callbacks.callbacks.remove(reporter)
+
+    def _fit_progress(self) -> Progress | None:
+        """The progress of the innermost ``fit`` running now (Keras 2: tf_keras asks where to start)."""
+        call = running_fit(self)
+        return call.progress if call is not None else None
 
     @contextlib.contextmanager
     def _running(self, call: LoopCall) -> Iterator[LoopCall]:
@@ -53,8 +75,9 @@ class StepFunctions(_compat.TrainerHooks):
         finally:
             state_of(self).loop_calls.pop()
             call.close_validation()
-            if call.position is not None:
-                call.position.adapter = None  # it holds the data: not kept past fit, as in Keras
+            if call.progress is not None:
+                call.progress.running = False
+                call.progress.forget_data()  # it holds the data: not kept past fit, as in Keras
 
     def make_train_function(self, force: bool = False) -> Callable[..., Any]:
         """Builds ``self.train_function`` around ``train_step`` (logs flattened, step checked).
@@ -153,3 +176,23 @@ def _steps_per_execution(model: Any) -> int:
     if steps is None:
         return 1
     return int(steps.numpy() if hasattr(steps, "numpy") else steps)  # a MirroredVariable under a strategy
+
+
+class _ProgressReporter(_compat.keras.callbacks.Callback):
+    """Keras 2: moves a ``fit``'s :class:`~custom_fit._progress.Progress` along tf_keras' loop (first in its list).
+
+    tf_keras runs its own loop, so its epochs reach the progress through their
+    hooks; on Keras 3 the loop tells the progress itself. Keras 2 resumes at
+    epochs, so only the epoch hooks are implemented (tf_keras then calls no
+    batch hook for it).
+    """
+
+    def __init__(self, progress: Progress):
+        super().__init__()
+        self.progress = progress
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self.progress.epoch_begins(epoch)
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        self.progress.epoch_ends()

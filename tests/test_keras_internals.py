@@ -267,6 +267,7 @@ EXTENSION_POINTS = {
     "custom_fit._step_functions.StepFunctions.fit": (
         "calls Keras 2's fit (super) unchanged, recording the running call around it; Loop.fit replaces it on Keras 3"
     ),
+    "custom_fit._step_functions._ProgressReporter": "a Callback: public hooks (on_epoch_begin, on_epoch_end)",
     "custom_fit._compat.keras3._LoggedValuesList.result": "Metric.result, the public metric API",
     "custom_fit._compat.common.CountingCall.__call__": "Regularizer.__call__, the public regularizer API",
     "custom_fit._compat.keras2.SeedGenerator.__init__": "a Layer's constructor",

@@ -653,8 +653,11 @@ BACKUP_WEIGHTS_FILE = "weights"
 
 
 def set_initial_epoch(model: Any, epoch: int | None) -> None:
-    """Makes ``fit`` start at ``epoch`` (``None``: at its ``initial_epoch``); read by ``TrainerHooks``."""
-    common.set_untracked(model, "_custom_fit_initial_epoch", epoch)
+    """Keras 3's means for a ``fit`` custom_fit does not run; on Keras 2 every resumed ``fit`` is custom_fit's."""
+    raise NotImplementedError(
+        "custom_fit resumes a Keras 2 fit through its progress (custom_fit._progress.Progress); a model "
+        f"{type(model).__name__} whose fit custom_fit does not run cannot be resumed by custom_fit on Keras 2."
+    )
 
 
 #: ``share_registered_name(twin, cls)``: ``twin`` serializes under ``cls``' registered name.
@@ -744,12 +747,16 @@ class TrainerHooks(_TrainerHost):
         return super().get_config()
 
     def _maybe_load_initial_counters_from_ckpt(self, steps_per_epoch: int, initial_epoch: int) -> Any:
-        # tf_keras' fit asks this after `on_train_begin` where to start; its
-        # own BackupAndRestore answers through a multi-worker training state.
-        epoch = getattr(self, "_custom_fit_initial_epoch", None)
-        if epoch is not None:
-            return epoch, 0
+        # tf_keras' fit asks this after `on_train_begin` where to start; its own BackupAndRestore
+        # answers through a multi-worker training state, custom_fit's through the fit's progress.
+        progress = self._fit_progress()
+        if progress is not None and progress.loaded:
+            return progress.first_epoch(initial_epoch), 0
         return super()._maybe_load_initial_counters_from_ckpt(steps_per_epoch, initial_epoch)
+
+    def _fit_progress(self) -> Any:
+        """The running ``fit``'s :class:`custom_fit._progress.Progress` (``StepFunctions`` knows it), or ``None``."""
+        return None
 
     def _get_optimizer(self, optimizer: Any) -> Any:
         # Keras 2 wraps every compiled optimizer in a LossScaleOptimizer under

@@ -196,6 +196,7 @@ class EpochIterator(_TFEpochIterator):
         if position is not None:
             position.element_spec = self._get_iterator().element_spec
             position.adapter = adapter
+            position.read_data_epoch = lambda: data_epoch(adapter)
             position.records_hooks = isinstance(adapter, _PyDatasetAdapter) and _has_own_epoch_hooks(adapter.py_dataset)
 
     def close(self) -> None:

@@ -1,0 +1,96 @@
+"""``custom_fit._progress``: the progress a ``fit`` owns, moves along, hands to callbacks and loads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import custom_fit
+from custom_fit import _compat
+from custom_fit._compat import keras
+from custom_fit._progress import EpochPosition, Progress, hand_to_callbacks
+
+
+def test_state_dict_round_trip_starts_the_loaded_fit_where_the_other_stopped() -> None:
+    data = EpochPosition()
+    progress = Progress(data=data)
+    data.iterator_made()
+    data.epoch_begins()
+    data.reading(batches_before_step_0=0)
+    progress.epoch_begins(2)
+    progress.step_begins(5)
+    state = progress.state_dict()
+    assert state == {"epoch": 2, "step": 5, "iterator": 0, "skip": 5, "data_epoch": None}
+
+    resumed = Progress(data=EpochPosition())
+    assert not resumed.loaded and resumed.first_epoch(initial_epoch=1) == 1
+    resumed.load_state_dict(state)
+    assert resumed.loaded and resumed.first_epoch(initial_epoch=1) == 2
+    assert resumed.data is not None and resumed.data.take_resume() is not None  # the epoch iterator's start
+
+
+def test_after_the_epochs_steps_the_state_points_at_the_next_epoch() -> None:
+    progress = Progress(data=None)  # Keras 2: no data position
+    progress.epoch_begins(0)
+    progress.step_begins(7)
+    progress.epoch_ends()
+    assert progress.state_dict() == {"epoch": 1, "step": 0, "iterator": 0, "skip": 0, "data_epoch": None}
+
+
+class _Recorder(keras.callbacks.Callback):
+    """Records the progress it was handed, and its state at each hook."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.progress: Progress | None = None
+        self.states: list[tuple[str, dict[str, Any]]] = []
+        self.handed_before_train_begin = False
+
+    def set_progress(self, progress: Progress) -> None:
+        self.progress = progress
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        self.handed_before_train_begin = self.progress is not None
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        assert self.progress is not None
+        self.states.append((f"batch {batch}", self.progress.state_dict()))
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        assert self.progress is not None
+        self.states.append((f"end {epoch}", self.progress.state_dict()))
+
+
+def _model() -> Any:
+    model = custom_fit.CustomSequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+@pytest.mark.parametrize("as_list", [True, False], ids=["list", "CallbackList"])
+def test_fit_hands_its_progress_to_callbacks_and_moves_it_along(as_list: bool) -> None:
+    model = _model()
+    recorder = _Recorder()
+    callbacks: Any = [recorder] if as_list else keras.callbacks.CallbackList([recorder], add_history=True, model=model)
+    model.fit(np.zeros((6, 2)), np.zeros((6, 1)), batch_size=2, epochs=2, callbacks=callbacks, verbose=0)
+    assert recorder.handed_before_train_begin
+    assert recorder.progress is not None and not recorder.progress.running  # fit returned
+    ends = [state for hook, state in recorder.states if hook.startswith("end")]
+    assert [(state["epoch"], state["step"]) for state in ends] == [(1, 0), (2, 0)]
+    if _compat.version.RESUMES_MID_EPOCH:  # Keras 3: the loop tells the progress each step
+        batches = [(state["epoch"], state["step"]) for hook, state in recorder.states if hook.startswith("batch")]
+        assert batches == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    if not as_list:  # Keras 2 put its reporter into the user's list while fit ran, and took it out
+        assert callbacks.callbacks[0] is recorder
+
+
+def test_hand_to_callbacks_takes_a_list_a_callback_list_one_callback_or_none() -> None:
+    progress = Progress(data=None)
+    recorders = [_Recorder() for _ in range(3)]
+    hand_to_callbacks(progress, [recorders[0], keras.callbacks.History()])
+    hand_to_callbacks(progress, keras.callbacks.CallbackList([recorders[1]]))
+    hand_to_callbacks(progress, recorders[2])
+    hand_to_callbacks(progress, None)
+    assert all(recorder.progress is progress for recorder in recorders)
