@@ -6,11 +6,14 @@ the same order, on the same data, so histories and callbacks see what
 ``keras.Model`` gives them. What it adds, it adds as collaborators it hands
 the pieces, instead of patching Keras' objects from outside:
 
-* the epoch iterator (:class:`custom_fit._compat.keras3_only.EpochIterator`,
-  a subclass of Keras') asks a *plan* how many steps each execution fuses
-  (``compile(steps_per_execution="auto")``: the model's
-  :class:`~custom_fit._step_fusion.StepsPerExecutionTuner`) and reports to
-  the call's :class:`~custom_fit._progress.EpochPosition`;
+* the loop's *plan* (:class:`~custom_fit._step_fusion.ExecutionPlan`: with
+  ``compile(steps_per_execution="auto")`` the model's
+  :class:`~custom_fit._step_fusion.StepsPerExecutionTuner`, else a
+  :class:`~custom_fit._step_fusion.FixedPlan`) says how many steps each
+  execution fuses, and the loop tells it each execution that ran; the epoch
+  iterator (:class:`custom_fit._compat.keras3_only.EpochIterator`, a subclass
+  of Keras') asks it before each execution, where it knows the steps left,
+  and reports to the call's :class:`~custom_fit._progress.EpochPosition`;
 * each ``fit`` owns a :class:`~custom_fit._progress.Progress` (epoch, step,
   data position), which it moves along and hands to the callbacks that take
   it: :class:`~custom_fit.BackupAndRestore` saves its ``state_dict`` and
@@ -21,7 +24,10 @@ the pieces, instead of patching Keras' objects from outside:
 Data path (Keras 3), one execution: ``Loop.fit`` → ``EpochIterator``
 (Keras' data adapter, distributed dataset) → ``Execution(iterator, steps)``
 → ``model.train_function`` (:func:`custom_fit._compat.version.make_step_function`)
-→ ``train_step`` per replica → logs → ``LazyCallbackList``.
+→ ``train_step`` per replica → logs → the plan (``executed``) →
+``LazyCallbackList``. A resume: ``BackupAndRestore.on_train_begin`` →
+``Progress.load_state_dict`` → ``Loop.fit`` (its first epoch) and the epoch
+iterator (iterators replayed, batches skipped).
 
 State: each ``fit``, ``evaluate`` and ``predict`` call on a model is a
 :class:`LoopCall`, on a stack the model keeps while they run (``fit``'s
@@ -30,8 +36,9 @@ kept on the model.
 
 Keras 2 runs tf_keras' own loop (steered from ``_compat/keras2.py``): tf_keras
 skips unused batch hooks itself, and its data handler reads the number of
-steps per execution from a variable before every execution.
-:class:`EpochPosition` is Keras-independent.
+steps per execution from a variable before every execution (the step function
+asks and tells the tuner there). Its ``fit`` has a :class:`Progress` too, moved
+along by tf_keras' epoch hooks (``StepFunctions.fit``).
 """
 
 from __future__ import annotations
@@ -45,9 +52,11 @@ import tensorflow as tf
 from custom_fit import _compat
 from custom_fit._callbacks import LazyCallbackList
 from custom_fit._compat import keras
+from custom_fit._compat.common import report_execution
 from custom_fit._progress import EpochPosition, Progress, hand_to_callbacks
 from custom_fit._state import LoopCall, state_of
 from custom_fit._step_functions import StepFunctions
+from custom_fit._step_fusion import ExecutionPlan, FixedPlan
 
 __all__ = ["Loop"]
 
@@ -113,11 +122,12 @@ class Loop(StepFunctions):
         progress = Progress(data=EpochPosition())
         call = LoopCall("fit", progress=progress)
         state = state_of(self)
-        tuner, fixed = state.steps_tuner, state.fixed_steps_per_execution
+        # The loop asks the plan how many steps each execution fuses and tells it what ran.
+        plan: ExecutionPlan = state.steps_tuner or FixedPlan(state.fixed_steps_per_execution)
         with (
             self._running(call),
             _compat.keras3_only.EpochIterator(
-                plan=tuner.plan if tuner is not None else lambda remaining: fixed,
+                plan=plan.plan,
                 position=progress.data,
                 x=x,
                 y=y,
@@ -127,7 +137,7 @@ class Loop(StepFunctions):
                 shuffle=shuffle,
                 class_weight=class_weight,
                 distribute_strategy=self.distribute_strategy,
-                steps_per_execution=fixed,
+                steps_per_execution=state.fixed_steps_per_execution,
             ) as epoch_iterator,
         ):
             _compat.keras3_only.build_before_loop(self, epoch_iterator)
@@ -159,6 +169,7 @@ class Loop(StepFunctions):
                     callbacks.on_train_batch_end,
                     stopped=lambda: self.stop_training,
                     logs=logs,
+                    plan=plan,
                 )
                 progress.epoch_ends()
                 # The metrics' results replace the last step's logs where they name the same values
@@ -203,8 +214,12 @@ class Loop(StepFunctions):
         *,
         stopped: Callable[[], bool],
         logs: Any,
+        plan: ExecutionPlan | None = None,
     ) -> tuple[Any, bool]:
         """Runs ``function`` on each execution of one epoch between the batch hooks.
+
+        Args:
+            plan: Told each execution that ran (``fit``; the epoch iterator asked it for their steps).
 
         Returns:
             The last execution's logs (``logs`` if none ran) and whether any ran.
@@ -216,6 +231,8 @@ class Loop(StepFunctions):
                 for first, steps, execution in epoch_iterator:
                     batch_begin(first)
                     logs = function(execution)
+                    if plan is not None:
+                        report_execution(plan, execution.steps, logs, execution.iterator)
                     stepped = True
                     batch_end(_compat.keras3_only.batch_end_step(first, steps), logs)
                     if stopped():
@@ -324,7 +341,7 @@ class Loop(StepFunctions):
         """An epoch iterator for ``evaluate`` or ``predict``: not shuffled, ``compile``'s steps per execution."""
         fixed = state_of(self).fixed_steps_per_execution
         return _compat.keras3_only.EpochIterator(
-            plan=lambda remaining: fixed,
+            plan=FixedPlan(fixed).plan,
             shuffle=False,
             distribute_strategy=self.distribute_strategy,
             steps_per_execution=fixed,

@@ -40,13 +40,14 @@ What changes, and what does not:
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["AUTO", "StepsPerExecutionTuner", "tuner_for"]
+__all__ = ["AUTO", "ExecutionPlan", "FixedPlan", "StepsPerExecutionTuner", "tuner_for"]
 
 #: The ``compile(steps_per_execution=...)`` value that turns tuning on.
 AUTO = "auto"
@@ -193,6 +194,41 @@ class StepsPerExecutionTuner:
         if half / half_rate < self.short_execution_seconds:  # short executions: unless it hurts
             return rate >= half_rate * (1 - self.improvement)
         return rate >= half_rate * (1 + self.improvement)
+
+
+class ExecutionPlan(Protocol):
+    """How many steps each execution of an epoch fuses: asked by the loop before it, told after it.
+
+    A :class:`StepsPerExecutionTuner` is one (``steps_per_execution="auto"``);
+    :class:`FixedPlan` is ``compile``'s fixed number.
+    """
+
+    def plan(self, remaining: int | None) -> int:
+        """The steps of the next execution, given the steps left in the epoch (``None``: unknown)."""
+        ...
+
+    def executed(self, steps: int, sync: Callable[[], Any], source: object = None) -> None:
+        """The execution the loop ran: ``steps`` steps read from ``source``; ``sync()`` waits for its results."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class FixedPlan:
+    """``compile(steps_per_execution=N)``: ``N`` steps per execution, fewer where the epoch ends first.
+
+    Example:
+        >>> FixedPlan(4).plan(remaining=10), FixedPlan(4).plan(remaining=None)
+        (4, 4)
+    """
+
+    steps: int
+
+    def plan(self, remaining: int | None) -> int:
+        """``steps`` (Keras' epoch iterator shortens the last execution of an epoch itself)."""
+        return self.steps
+
+    def executed(self, steps: int, sync: Callable[[], Any], source: object = None) -> None:
+        """Nothing to learn: the number is fixed."""
 
 
 def tuner_for(steps_per_execution: Any) -> StepsPerExecutionTuner | None:

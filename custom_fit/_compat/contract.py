@@ -139,7 +139,12 @@ class KerasVersion(Protocol):
     def make_step_function(
         self, model: KerasObject, step: Callable[[Any], Any], *, training: bool, tuner: Any = None
     ) -> Callable[[Any], Any]:
-        """The function ``fit`` (``training=True``) or ``evaluate`` calls on an iterator."""
+        """The function ``fit`` (``training=True``) or ``evaluate`` calls on an iterator.
+
+        ``tuner`` (``steps_per_execution="auto"``): where the loop is tf_keras'
+        (Keras 2), the function asks it before and tells it after each
+        execution; custom_fit's own loop (Keras 3) does both itself.
+        """
 
     # -- optimizers, distribution, mixed precision ------------------------------------
 

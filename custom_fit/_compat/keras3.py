@@ -36,7 +36,6 @@ from custom_fit._compat.common import (
     loss_scaling,
     marks_built_if_complete,
     not_compiled_error,
-    report_execution,
     shared_while_inside,
     sharing_registered_names,
     skippable_aggregation,
@@ -267,10 +266,10 @@ def make_step_function(
     iteration.) The number of steps is an argument of the traced loop, read
     at each call: the loop's epoch iterator
     (:class:`custom_fit._compat.keras3_only.EpochIterator`) hands each
-    execution with the number it planned (a
-    :class:`~custom_fit._compat.keras3_only.Execution`), which a training
-    function reports to the model's ``tuner`` (``steps_per_execution="auto"``)
-    after running it. ``train_on_batch`` & co. pass a generator of batches.
+    execution with the number its plan chose (a
+    :class:`~custom_fit._compat.keras3_only.Execution`), and the loop tells
+    the plan what ran, so ``tuner`` is not used here (Keras 2's loop, tf_keras',
+    does not tell it). ``train_on_batch`` & co. pass a generator of batches.
     """
     strategy = model.distribute_strategy
 
@@ -331,8 +330,6 @@ def make_step_function(
                 if not outputs.has_value():
                     raise StopIteration
                 logs = outputs.get_value()
-            if training and tuner is not None:
-                report_execution(tuner, steps, logs, iterator)
             return logs
         # `train_on_batch` & co. pass a Python generator of batches.
         for _, data in zip(range(model.steps_per_execution), iterator, strict=False):
