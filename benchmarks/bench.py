@@ -59,7 +59,7 @@ the error, where that option fails) and the hand-written ``tf.function`` loop of
 ``benchmarks/baselines.py`` (``ratio_to_loop`` is relative to it). The CNN and the MLP
 also measure ``CustomModel.fit`` given Keras' own ``CallbackList``, whose logs become
 Python numbers after every step: its ratio to ``CustomModel.fit`` is what the lazy
-callbacks of :mod:`custom_fit._callbacks` gain. The workload "fit call cost" is the CNN's
+callbacks of :mod:`custom_fit._trainer.callbacks` gain. The workload "fit call cost" is the CNN's
 with one step per sample: its ratios to the loop show what each ``fit`` call costs
 besides its steps, which every short sample of the other workloads pays once; "cnn, 4
 epochs per fit call" trains the CNN's epochs four to a ``fit`` call (and four passes of the
@@ -533,7 +533,8 @@ def sizes(quick: bool) -> dict[str, int]:
 @contextlib.contextmanager
 def _progress_bar_reads_converted_logs() -> Iterator[None]:
     """``CustomModel.fit`` with its lazy callbacks, less the raw tensors handed to Keras' progress bar."""
-    from custom_fit import _callbacks, _loop  # what is measured is custom_fit's private choice
+    from custom_fit._trainer import callbacks as _callbacks  # what is measured is custom_fit's private choice
+    from custom_fit._trainer import loop as _loop
 
     class ConvertedForProgbar(_callbacks.LazyCallbackList):
         tensors_for = ()

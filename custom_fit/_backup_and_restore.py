@@ -15,7 +15,7 @@ no restart can read. This callback has Keras' signature and meaning, plus:
 A backup holds the weights file Keras writes (model, optimizer, and with
 ``CustomModel`` the random seed generator states), the metric variables,
 Python's and NumPy's global random states, and where ``fit`` is in its data:
-:class:`~custom_fit._progress.Progress`, which the running ``fit`` hands the
+:class:`~custom_fit._trainer.progress.Progress`, which the running ``fit`` hands the
 callback: its ``state_dict`` (epoch, step, and on Keras 3 which data iterator
 each batch comes from) goes into each backup, and a resumed ``fit`` loads it;
 the loop then makes and drops the iterators the interrupted run had made, and
@@ -40,8 +40,8 @@ from custom_fit import _compat
 from custom_fit._backup_store import BackupStore
 from custom_fit._compat import keras, version
 from custom_fit._preemption import EPOCH_END, PREEMPTION_EXIT_CODE, Boundary, ClusterAgreement, PreemptionNotice
-from custom_fit._progress import EpochPosition, Position, Progress
 from custom_fit._random_state import RandomState, random_state_arrays, random_states
+from custom_fit._trainer.progress import EpochPosition, Position, Progress
 
 __all__ = ["Backup", "BackupAndRestore"]
 

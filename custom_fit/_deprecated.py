@@ -19,12 +19,17 @@ from typing import Any
 __all__ = ["RENAMED", "register_aliases"]
 
 #: Old public module -> its private module (custom_fit 0.3).
-RENAMED = {"fit_loop": "_loop", "configs": "_saving"} | {
+RENAMED = {
+    "fit_loop": "_trainer.loop",
+    "configs": "_saving",
+    "callbacks": "_trainer.callbacks",
+    "step_functions": "_trainer.step_functions",
+    "step_fusion": "_trainer.step_fusion",
+} | {
     name: f"_{name}"
     for name in (
         "backup_and_restore",
         "backup_store",
-        "callbacks",
         "compiled",
         "diagnostics",
         "distribution",
@@ -36,14 +41,12 @@ RENAMED = {"fit_loop": "_loop", "configs": "_saving"} | {
         "model",
         "optimizers",
         "random_state",
-        "step_functions",
-        "step_fusion",
     )
 }
 
 
 class _RenamedModule(types.ModuleType):
-    """``custom_fit.<old>``: forwards attribute reads to ``custom_fit._<old>``, warning each time."""
+    """``custom_fit.<old>``: forwards attribute reads to its private module (:data:`RENAMED`), warning each time."""
 
     def __init__(self, old: str, new: str):
         super().__init__(f"custom_fit.{old}", f"Deprecated alias of custom_fit.{new}.")

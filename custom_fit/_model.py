@@ -35,16 +35,16 @@ from custom_fit import _diagnostics as diagnostics
 from custom_fit import _gradient_contract as gradient_contract
 from custom_fit import _logged_values as epoch_means
 from custom_fit import _optimizers as optimizers
-from custom_fit import _step_fusion as step_fusion
 from custom_fit._compat import keras, version
 from custom_fit._compat.common import batch_size_of, marked_as, record_compile_option, recording
 from custom_fit._compiled import CompiledAttributes
 from custom_fit._diagnostics import GradsAndVars
 from custom_fit._functional import functional_twin
-from custom_fit._loop import Loop
 from custom_fit._saving import Saving
 from custom_fit._state import state_of
-from custom_fit._step_functions import StepFunctions
+from custom_fit._trainer import step_fusion
+from custom_fit._trainer.loop import Loop
+from custom_fit._trainer.step_functions import StepFunctions
 from custom_fit._value_trackers import LoggedValues
 
 __all__ = ["CustomModel", "CustomSequential"]
@@ -121,7 +121,7 @@ class CustomModel(
                 may also be ``"auto"``: the number of steps fused per
                 execution is tuned during ``fit``, and
                 ``model.steps_per_execution`` reads the number fused now
-                (see :mod:`custom_fit._step_fusion`; a
+                (see :mod:`custom_fit._trainer.step_fusion`; a
                 ``StepsPerExecutionTuner`` instance sets other tuning
                 parameters). ``clip_after_aggregation`` (custom_fit 0.2) is no
                 longer needed: optimizers always receive, and clip, the

@@ -22,8 +22,8 @@ from custom_fit._compat.common import set_untracked
 from custom_fit._diagnostics import StepDiagnostics
 
 if TYPE_CHECKING:
-    from custom_fit._progress import Progress
-    from custom_fit._step_fusion import StepsPerExecutionTuner
+    from custom_fit._trainer.progress import Progress
+    from custom_fit._trainer.step_fusion import StepsPerExecutionTuner
     from custom_fit._value_trackers import LoggedValues
 
 __all__ = ["LoopCall", "ModelState", "running_fit", "state_of"]

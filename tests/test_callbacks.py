@@ -13,7 +13,7 @@ import tensorflow as tf
 
 import custom_fit
 from custom_fit import keras
-from custom_fit._callbacks import LazyLogs
+from custom_fit._trainer.callbacks import LazyLogs
 from tests import parity
 
 pytestmark = pytest.mark.keras3  # Keras 2's CallbackList skips unused hooks and passes tensors itself
@@ -55,7 +55,9 @@ class KeepsBatchLogs(keras.callbacks.Callback):
 def test_no_log_value_is_read_per_step_when_no_callback_needs_it():
     kept = KeepsBatchLogs()
     train(custom_fit.CustomModel, verbose=0, callbacks=[keras.callbacks.EarlyStopping(patience=5), kept])
-    assert len(kept.logs) == 2 * 7 and all(isinstance(logs, custom_fit._callbacks.LazyLogs) for logs in kept.logs)
+    assert len(kept.logs) == 2 * 7 and all(
+        isinstance(logs, custom_fit._trainer.callbacks.LazyLogs) for logs in kept.logs
+    )
     assert kept.converted() == [[]] * len(kept.logs), "batch logs were converted although no callback reads them"
 
 

@@ -264,17 +264,19 @@ EXTENSION_POINTS = {
         "public: hands each member its variables for the member's own finalize_variable_values"
     ),
     "custom_fit._optimizers.NamedOptimizers.from_config": "public serialization of the group",
-    "custom_fit._step_functions.StepFunctions.fit": (
+    "custom_fit._trainer.step_functions.StepFunctions.fit": (
         "calls Keras 2's fit (super) unchanged, recording the running call around it; Loop.fit replaces it on Keras 3"
     ),
-    "custom_fit._step_functions._ProgressReporter": "a Callback: public hooks (on_epoch_begin, on_epoch_end)",
+    "custom_fit._trainer.step_functions._ProgressReporter": "a Callback: public hooks (on_epoch_begin, on_epoch_end)",
     "custom_fit._compat.keras3._LoggedValuesList.result": "Metric.result, the public metric API",
     "custom_fit._compat.common.CountingCall.__call__": "Regularizer.__call__, the public regularizer API",
     "custom_fit._compat.keras2.SeedGenerator.__init__": "a Layer's constructor",
     "custom_fit._model.CustomSequential.build": "delegates to Sequential.build; defined as Sequential defines it",
 }
 if custom_fit.KERAS_2:
-    EXTENSION_POINTS["custom_fit._callbacks.LazyCallbackList"] = "unused on Keras 2: tf_keras skips unused hooks itself"
+    EXTENSION_POINTS["custom_fit._trainer.callbacks.LazyCallbackList"] = (
+        "unused on Keras 2: tf_keras skips unused hooks itself"
+    )
 
 
 def _custom_fit_classes() -> list[type]:

@@ -1,4 +1,4 @@
-"""``custom_fit._progress``: the progress a ``fit`` owns, moves along, hands to callbacks and loads."""
+"""``custom_fit._trainer.progress``: the progress a ``fit`` owns, moves along, hands to callbacks and loads."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import custom_fit
 from custom_fit import _compat
 from custom_fit._compat import keras
-from custom_fit._progress import EpochPosition, Progress, hand_to_callbacks
+from custom_fit._trainer.progress import EpochPosition, Progress, hand_to_callbacks
 
 
 def test_state_dict_round_trip_starts_the_loaded_fit_where_the_other_stopped() -> None:

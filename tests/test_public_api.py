@@ -49,7 +49,7 @@ def test_every_0_2_path_leads_to_a_module_that_exists(old: str, new: str) -> Non
 
 def test_a_0_2_path_to_a_private_name_says_it_is_private():
     module = importlib.import_module("custom_fit.callbacks")
-    with pytest.warns(DeprecationWarning, match=r"Expected `custom_fit._callbacks.LazyLogs` \(private\)"):
+    with pytest.warns(DeprecationWarning, match=r"Expected `custom_fit._trainer.callbacks.LazyLogs` \(private\)"):
         module.LazyLogs  # noqa: B018
 
 

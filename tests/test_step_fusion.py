@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import custom_fit
 from custom_fit import keras
-from custom_fit._step_fusion import StepsPerExecutionTuner
+from custom_fit._trainer.step_fusion import StepsPerExecutionTuner
 from tests import parity
 
 DATA = parity.classification_data()

@@ -655,7 +655,7 @@ BACKUP_WEIGHTS_FILE = "weights"
 def set_initial_epoch(model: Any, epoch: int | None) -> None:
     """Keras 3's means for a ``fit`` custom_fit does not run; on Keras 2 every resumed ``fit`` is custom_fit's."""
     raise NotImplementedError(
-        "custom_fit resumes a Keras 2 fit through its progress (custom_fit._progress.Progress); a model "
+        "custom_fit resumes a Keras 2 fit through its progress (custom_fit._trainer.progress.Progress); a model "
         f"{type(model).__name__} whose fit custom_fit does not run cannot be resumed by custom_fit on Keras 2."
     )
 
@@ -755,7 +755,7 @@ class TrainerHooks(_TrainerHost):
         return super()._maybe_load_initial_counters_from_ckpt(steps_per_epoch, initial_epoch)
 
     def _fit_progress(self) -> Any:
-        """The running ``fit``'s :class:`custom_fit._progress.Progress` (``StepFunctions`` knows it), or ``None``."""
+        """The running ``fit``'s :class:`~custom_fit._trainer.progress.Progress` (``StepFunctions`` knows it)."""
         return None
 
     def _get_optimizer(self, optimizer: Any) -> Any:

@@ -117,7 +117,7 @@ RESUMES_ONLY_CUSTOM_FIT_MODELS = False
 #: Keras 3 has no ``compiled_loss`` / ``compiled_metrics``; ``custom_fit.CompiledLoss`` adds them.
 HAS_COMPILED_LOSS_ATTRIBUTES = False
 
-#: ``CustomModel`` runs custom_fit's loop (``custom_fit._loop.Loop``), built on Keras 3's epoch iterator.
+#: ``CustomModel`` runs custom_fit's loop (``custom_fit._trainer.loop.Loop``), built on Keras 3's epoch iterator.
 RUNS_OWN_LOOP = True
 
 #: What ``compile`` and ``minimize`` take as an optimizer.
@@ -642,7 +642,7 @@ class TrainerHooks(_TrainerHost):
         if strategy is None:
             return
         if iterator is not None:
-            for *_, execution in iterator:  # custom_fit._loop's epoch iterator: (first, steps, execution)
+            for *_, execution in iterator:  # custom_fit._trainer.loop's epoch iterator: (first, steps, execution)
                 data_batch = keras.tree.map_structure(
                     lambda v: (
                         strategy.experimental_local_results(v)[0]

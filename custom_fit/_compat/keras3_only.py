@@ -4,7 +4,7 @@ Some features of custom_fit have no Keras 2 counterpart, because Keras 2 does
 them itself or has nothing to do: the Keras-2 meaning of ``compiled_loss`` /
 ``compiled_metrics`` (:mod:`custom_fit._compiled`) and saving random seed
 generator states (:mod:`custom_fit._extra_state`). Others are the parts of
-Keras 3's ``fit`` loop that the loop custom_fit owns (:mod:`custom_fit._loop`)
+Keras 3's ``fit`` loop that the loop custom_fit owns (:mod:`custom_fit._trainer.loop`)
 builds on: the epoch iterator (tuned step fusion, exact resume, array
 pipelines without tf.data autotuning), the validation split, joining
 ``predict``'s batches. On Keras 2, tf_keras' own loop runs (steered from
@@ -134,7 +134,7 @@ class EpochIterator(_TFEpochIterator):
       execution for its number of steps (``steps_per_execution="auto"``: the
       tuner's plan; otherwise a constant); each item is
       ``(first step, steps, Execution(iterator, steps))``;
-    * ``position`` (a :class:`custom_fit._progress.EpochPosition`) learns which
+    * ``position`` (a :class:`custom_fit._trainer.progress.EpochPosition`) learns which
       data iterator each batch comes from, and may start the first epoch
       where an interrupted run stopped: it makes and drops the iterators the
       run had made before (a seeded ``tf.data`` shuffle draws a new order for
@@ -324,7 +324,7 @@ def build_compiled_state(model: keras.Model, element_spec: Any) -> None:
 
 
 # --------------------------------------------------------------------------
-# The rest of fit, evaluate and predict (custom_fit._loop)
+# The rest of fit, evaluate and predict (custom_fit._trainer.loop)
 # --------------------------------------------------------------------------
 
 
@@ -345,7 +345,7 @@ def capped_epochs(epochs: int) -> int:
     return epochs
 
 
-# -- the trainer's private methods the loop calls (custom_fit._loop reads no Keras private name) --
+# -- the trainer's private methods the loop calls (custom_fit._trainer.loop reads no Keras private name) --
 
 #: The keyword ``fit`` passes to ``evaluate`` for its validation: reuse the validation epoch iterator.
 FIT_VALIDATION_KWARGS: dict[str, Any] = {"_use_cached_eval_dataset": True}

@@ -91,8 +91,8 @@ class StepsPerExecutionTuner:
         clock: A monotonic clock in seconds (tests pass their own).
 
     Example:
-        >>> import custom_fit._step_fusion
-        >>> tuner = custom_fit._step_fusion.StepsPerExecutionTuner(max_steps=8)
+        >>> import custom_fit._trainer.step_fusion
+        >>> tuner = custom_fit._trainer.step_fusion.StepsPerExecutionTuner(max_steps=8)
         >>> tuner.plan(remaining=100)
         1
         >>> tuner.plan(remaining=None)  # unknown length: one step at a time

@@ -23,8 +23,8 @@ from custom_fit._compat import version
 from custom_fit._compat.common import explain_xla_errors
 from custom_fit._logged_values import flat_logs
 from custom_fit._optimizers import NamedOptimizers
-from custom_fit._progress import Progress, hand_to_callbacks
 from custom_fit._state import LoopCall, running_fit, state_of
+from custom_fit._trainer.progress import Progress, hand_to_callbacks
 
 __all__ = ["StepFunctions"]
 
@@ -34,7 +34,7 @@ class StepFunctions(_compat.TrainerHooks):
 
     It builds on :class:`custom_fit._compat.TrainerHooks` (the private trainer
     methods of the Keras in use that custom_fit replaces); on Keras 3,
-    :class:`custom_fit._loop.Loop` builds on it in turn. Together they are
+    :class:`custom_fit._trainer.loop.Loop` builds on it in turn. Together they are
     ``CustomModel``'s trainer, layered as Keras' own (``TensorFlowTrainer`` on
     ``Trainer``).
     """
@@ -179,7 +179,7 @@ def _steps_per_execution(model: Any) -> int:
 
 
 class _ProgressReporter(_compat.keras.callbacks.Callback):
-    """Keras 2: moves a ``fit``'s :class:`~custom_fit._progress.Progress` along tf_keras' loop (first in its list).
+    """Keras 2: moves a ``fit``'s :class:`~custom_fit._trainer.progress.Progress` along tf_keras' loop (runs first).
 
     tf_keras runs its own loop, so its epochs reach the progress through their
     hooks; on Keras 3 the loop tells the progress itself. Keras 2 resumes at

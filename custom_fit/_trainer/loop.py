@@ -6,19 +6,19 @@ the same order, on the same data, so histories and callbacks see what
 ``keras.Model`` gives them. What it adds, it adds as collaborators it hands
 the pieces, instead of patching Keras' objects from outside:
 
-* the loop's *plan* (:class:`~custom_fit._step_fusion.ExecutionPlan`: with
+* the loop's *plan* (:class:`~custom_fit._trainer.step_fusion.ExecutionPlan`: with
   ``compile(steps_per_execution="auto")`` the model's
-  :class:`~custom_fit._step_fusion.StepsPerExecutionTuner`, else a
-  :class:`~custom_fit._step_fusion.FixedPlan`) says how many steps each
+  :class:`~custom_fit._trainer.step_fusion.StepsPerExecutionTuner`, else a
+  :class:`~custom_fit._trainer.step_fusion.FixedPlan`) says how many steps each
   execution fuses, and the loop tells it each execution that ran; the epoch
   iterator (:class:`custom_fit._compat.keras3_only.EpochIterator`, a subclass
   of Keras') asks it before each execution, where it knows the steps left,
-  and reports to the call's :class:`~custom_fit._progress.EpochPosition`;
-* each ``fit`` owns a :class:`~custom_fit._progress.Progress` (epoch, step,
+  and reports to the call's :class:`~custom_fit._trainer.progress.EpochPosition`;
+* each ``fit`` owns a :class:`~custom_fit._trainer.progress.Progress` (epoch, step,
   data position), which it moves along and hands to the callbacks that take
   it: :class:`~custom_fit.BackupAndRestore` saves its ``state_dict`` and
   loads one into it, and the loop starts where it says;
-* the callbacks are a :class:`~custom_fit._callbacks.LazyCallbackList` (no
+* the callbacks are a :class:`~custom_fit._trainer.callbacks.LazyCallbackList` (no
   host wait per step) unless the user passes a ``CallbackList``.
 
 Data path (Keras 3), one execution: ``Loop.fit`` → ``EpochIterator``
@@ -50,13 +50,13 @@ from typing import Any
 import tensorflow as tf
 
 from custom_fit import _compat
-from custom_fit._callbacks import LazyCallbackList
 from custom_fit._compat import keras
 from custom_fit._compat.common import report_execution
-from custom_fit._progress import EpochPosition, Progress, hand_to_callbacks
 from custom_fit._state import LoopCall, state_of
-from custom_fit._step_functions import StepFunctions
-from custom_fit._step_fusion import ExecutionPlan, FixedPlan
+from custom_fit._trainer.callbacks import LazyCallbackList
+from custom_fit._trainer.progress import EpochPosition, Progress, hand_to_callbacks
+from custom_fit._trainer.step_functions import StepFunctions
+from custom_fit._trainer.step_fusion import ExecutionPlan, FixedPlan
 
 __all__ = ["Loop"]
 

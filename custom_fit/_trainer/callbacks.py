@@ -16,7 +16,7 @@ nobody implements and handed tensors to callbacks that accept them.
   values and converts them only when it redraws (at most every 0.05 s).
 
 Epoch-level hooks and ``History`` see exactly what they see in Keras.
-:class:`custom_fit._loop.Loop` makes ``fit``/``evaluate`` use the list.
+:class:`custom_fit._trainer.loop.Loop` makes ``fit``/``evaluate`` use the list.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class LazyLogs(dict):
 
     Example:
         >>> import tensorflow as tf, custom_fit
-        >>> logs = custom_fit._callbacks.LazyLogs({"loss": tf.constant(0.5), "mae": tf.constant(1.0)})
+        >>> logs = custom_fit._trainer.callbacks.LazyLogs({"loss": tf.constant(0.5), "mae": tf.constant(1.0)})
         >>> logs["loss"], sorted(logs)
         (0.5, ['loss', 'mae'])
     """
