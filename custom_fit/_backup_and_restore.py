@@ -38,6 +38,7 @@ from custom_fit import _compat
 from custom_fit._backup_store import BackupStore
 from custom_fit._compat import keras
 from custom_fit._loop import fit_position
+from custom_fit._optimizers import NamedOptimizers, ensure_state
 from custom_fit._preemption import EPOCH_END, PREEMPTION_EXIT_CODE, Boundary, ClusterAgreement, PreemptionNotice
 from custom_fit._progress import EpochPosition
 from custom_fit._random_state import RandomState, random_state_arrays, random_states
@@ -465,9 +466,9 @@ class BackupAndRestore(keras.callbacks.Callback):
                 "batch, or model.build(input_shape))."
             )
         optimizer = self.model.optimizer
-        # Its state is read only into a built optimizer.
-        if optimizer is not None and not _compat.optimizer_built(optimizer) and not hasattr(optimizer, "build_member"):
-            _compat.build_optimizer(optimizer, self.model.trainable_variables)
+        # Its state is read only into a built optimizer (a group's members: on their saved variables, on load).
+        if optimizer is not None and not isinstance(optimizer, NamedOptimizers):
+            ensure_state(optimizer, self.model.trainable_variables)
         self.model.load_weights(str(directory / _compat.BACKUP_WEIGHTS_FILE))
         return backup
 

@@ -251,7 +251,11 @@ class CustomModel(
         with _compat.recording(tape):
             loss = _compat.scale_loss(optimizer, loss)
         gradients = self.compute_gradients(loss, tape, variables)
-        grads_and_vars = checks.pair_with_gradients(gradients, variables, optimizer)
+        grads_and_vars = checks.pair_with_gradients(gradients, variables)
+        if len(grads_and_vars) < len(variables):
+            # Built on every variable, as Keras builds before it leaves out `None` gradients,
+            # so the optimizer's state does not depend on which gradients exist.
+            optimizers.ensure_state(optimizer, variables)
         grads_and_vars, handoff = gradient_contract.true_gradients(optimizer, grads_and_vars)
         with gradient_contract.handing_over(handoff):
             self.apply_gradients(self.transform_gradients(grads_and_vars), optimizer)

@@ -14,12 +14,10 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import tensorflow as tf
-
 from custom_fit import _compat
 from custom_fit import _distribution as distribution
 from custom_fit._logged_values import flat_logs
-from custom_fit._optimizers import NamedOptimizers
+from custom_fit._optimizers import NamedOptimizers, ensure_state
 from custom_fit._state import LoopCall, state_of
 
 __all__ = ["StepFunctions"]
@@ -132,9 +130,9 @@ class StepFunctions(_compat.TrainerHooks):
         slot a backup holds finds its variable. Under a ``tf.distribute``
         strategy Keras 3 has built it before tracing.
         """
+        # Checked before ensure_state, so the variables are gathered only in the trace that builds.
         if self.built and self.optimizer is not None and not _compat.optimizer_built(self.optimizer):
-            with tf.init_scope():
-                _compat.build_optimizer(self.optimizer, self.trainable_variables)
+            ensure_state(self.optimizer, self.trainable_variables)
 
     def _test_step_in_replica(self, data: Any) -> Any:
         """``test_step``; variables it creates under a strategy are created outside the replica context."""
