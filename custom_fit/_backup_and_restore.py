@@ -39,6 +39,7 @@ import tensorflow as tf
 from custom_fit import _compat
 from custom_fit._backup_store import BackupStore
 from custom_fit._compat import keras, version
+from custom_fit._optimizers import NamedOptimizers, ensure_state
 from custom_fit._preemption import EPOCH_END, PREEMPTION_EXIT_CODE, Boundary, ClusterAgreement, PreemptionNotice
 from custom_fit._random_state import RandomState, random_state_arrays, random_states
 from custom_fit._trainer.progress import EpochPosition, Position, Progress
@@ -476,9 +477,9 @@ class BackupAndRestore(keras.callbacks.Callback):
                 "batch, or model.build(input_shape))."
             )
         optimizer = self.model.optimizer
-        # Its state is read only into a built optimizer.
-        if optimizer is not None and not version.optimizer_built(optimizer) and not hasattr(optimizer, "build_member"):
-            version.build_optimizer(optimizer, self.model.trainable_variables)
+        # Its state is read only into a built optimizer (a group's members: on their saved variables, on load).
+        if optimizer is not None and not isinstance(optimizer, NamedOptimizers):
+            ensure_state(optimizer, self.model.trainable_variables)
         self.model.load_weights(str(directory / version.BACKUP_WEIGHTS_FILE))
         return backup
 

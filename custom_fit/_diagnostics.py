@@ -134,7 +134,7 @@ class StepDiagnostics:
 
     # -- gradients -------------------------------------------------------------
 
-    def pair_with_gradients(self, gradients: Sequence[Any], variables: Sequence[Any], optimizer: Any) -> GradsAndVars:
+    def pair_with_gradients(self, gradients: Sequence[Any], variables: Sequence[Any]) -> GradsAndVars:
         """``(gradient, variable)`` pairs, leaving out (and reporting once) variables without a gradient.
 
         Raises:
@@ -163,11 +163,6 @@ class StepDiagnostics:
             "the tape, leave them out of the `variables` you pass, or set "
             "their layer's `trainable = False` and recompile.",
         )
-        if not version.optimizer_built(optimizer):
-            # Build on every variable, as Keras does when it filters `None`s,
-            # so optimizer state does not depend on which gradients exist.
-            with tf.init_scope():
-                version.build_optimizer(optimizer, list(variables))
         return [(g, v) for g, v in zip(gradients, variables, strict=True) if g is not None]
 
     # -- warnings --------------------------------------------------------------

@@ -48,6 +48,7 @@ __all__ = [
     "check_handed_over",
     "hand_over",
     "handing_over",
+    "handing_over_to",
     "true_gradients",
     "without_clip_after_aggregation",
 ]
@@ -126,6 +127,25 @@ def handing_over(handoff: Handoff) -> Iterator[Handoff]:
             _pending.pop()
 
 
+def _innermost() -> Handoff | None:
+    """The handoff of the innermost ``minimize()`` running on this replica, if any."""
+    stack = _pending.get()
+    if not stack:
+        _pending.pop()  # keeps no empty entry for this replica
+        return None
+    return stack[-1]
+
+
+def handing_over_to(optimizer: Any) -> bool:
+    """Whether ``optimizer`` is the one the innermost ``minimize()`` running resolved and hands over to.
+
+    ``CustomModel.apply_gradients`` then uses it as it is: ``minimize``
+    resolved its ``optimizer=`` argument already, once.
+    """
+    handoff = _innermost()
+    return handoff is not None and handoff.optimizer is optimizer
+
+
 def hand_over(optimizer: Any, grads_and_vars: GradsAndVars) -> None:
     """``optimizer.apply_gradients(grads_and_vars)``, given true gradients inside :func:`handing_over`.
 
@@ -136,11 +156,8 @@ def hand_over(optimizer: Any, grads_and_vars: GradsAndVars) -> None:
     replicas. Elsewhere (a step that calls ``apply_gradients`` itself) they
     reach the optimizer as they are, as in Keras.
     """
-    stack = _pending.get()
-    handoff = stack[-1] if stack and stack[-1].optimizer is optimizer else None
-    if not stack:
-        _pending.pop()
-    if handoff is None:
+    handoff = _innermost()
+    if handoff is None or handoff.optimizer is not optimizer:
         optimizer.apply_gradients(grads_and_vars)
         return
     handoff.used = True

@@ -251,7 +251,11 @@ class CustomModel(
         with recording(tape):
             loss = version.scale_loss(optimizer, loss)
         gradients = self.compute_gradients(loss, tape, variables)
-        grads_and_vars = checks.pair_with_gradients(gradients, variables, optimizer)
+        grads_and_vars = checks.pair_with_gradients(gradients, variables)
+        if len(grads_and_vars) < len(variables):
+            # Built on every variable, as Keras builds before it leaves out `None` gradients,
+            # so the optimizer's state does not depend on which gradients exist.
+            optimizers.ensure_state(optimizer, variables)
         grads_and_vars, handoff = gradient_contract.true_gradients(optimizer, grads_and_vars)
         with gradient_contract.handing_over(handoff):
             self.apply_gradients(self.transform_gradients(grads_and_vars), optimizer)
@@ -305,6 +309,12 @@ class CustomModel(
         them on with ``super().apply_gradients(...)``; called outside
         :meth:`minimize`, it gives the pairs to the optimizer as they are.
 
+        Args:
+            grads_and_vars: ``(gradient, variable)`` pairs.
+            optimizer: As for :meth:`minimize`. From :meth:`minimize`, the
+                optimizer it resolved, used as it is (resolved once per
+                call); any other is resolved here.
+
         Example:
             >>> import custom_fit
             >>> class Logged(custom_fit.CustomModel):
@@ -312,8 +322,9 @@ class CustomModel(
             ...         print("updating", len(grads_and_vars), "variables")
             ...         super().apply_gradients(grads_and_vars, optimizer)
         """
-        variables = [v for _, v in grads_and_vars]
-        gradient_contract.hand_over(optimizers.resolve(self, optimizer, variables), grads_and_vars)
+        if not gradient_contract.handing_over_to(optimizer):  # minimize() passes the one it resolved
+            optimizer = optimizers.resolve(self, optimizer, [v for _, v in grads_and_vars])
+        gradient_contract.hand_over(optimizer, grads_and_vars)
 
     # -- what a step reports -----------------------------------------------
 

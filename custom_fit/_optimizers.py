@@ -37,6 +37,7 @@ __all__ = [
     "UNSET",
     "NamedOptimizers",
     "attribute_optimizers",
+    "ensure_state",
     "for_compile",
     "give_keras2_api",
     "group_attribute_optimizers",
@@ -239,14 +240,10 @@ class NamedOptimizers(keras.optimizers.Optimizer):
                 f"optimizer instance). Fix: pass optimizer={sorted(self._members)[0]!r}, or add "
                 f"{name!r} to the dict given to compile(optimizer={{...}})."
             )
-        # Optimizer variables are created outside the traced step (as Keras'
-        # `apply_gradients` does), not lazily inside `tf.function`.
-        with tf.init_scope():
-            if not version.optimizer_built(self):
-                self.build(model_variables)
-            known = self.member_variables(name)
-            if not known:
-                self.build_member(name, variables)
+        ensure_state(self, model_variables)
+        known = self.member_variables(name)
+        if not known:
+            ensure_state(self, variables, member=name)
         known_ids = {id(v) for v in known}
         unknown = self._bookkeeping.name_variables([v for v in variables if id(v) not in known_ids]) if known else []
         if unknown:
@@ -297,12 +294,16 @@ class NamedOptimizers(keras.optimizers.Optimizer):
         for name in self._members:
             own = self._known_variables(name)
             if own is not None:
-                self.build_member(name, own)
+                ensure_state(self, own, member=name)
         super().build(self._bookkeeping.model_variables)
         version.mark_built(self)
 
-    def build_member(self, name: str, variables: Sequence[Any]) -> None:
-        """Builds member ``name`` on ``variables``; errors if another member owns one of them."""
+    def _assign_member(self, name: str, variables: Sequence[Any]) -> None:
+        """Records that member ``name`` updates ``variables`` (:func:`ensure_state` then builds it).
+
+        Raises:
+            ValueError: Another member updates one of ``variables``.
+        """
         variables = list(variables)
         shared: dict[str, list[Any]] = {}
         for v in variables:
@@ -320,9 +321,6 @@ class NamedOptimizers(keras.optimizers.Optimizer):
         for v in variables:
             self._bookkeeping.owner_of_variable[id(v)] = name
         self._bookkeeping.built_on[name] = variables
-        member = self._members[name]
-        if not version.optimizer_built(member):
-            version.build_optimizer(member, variables)
 
     def _known_variables(self, name: str) -> list[Any] | None:
         if name in self._bookkeeping.assignment and self._bookkeeping.model_variables:
@@ -359,6 +357,59 @@ class NamedOptimizers(keras.optimizers.Optimizer):
             for k, v in config["optimizers"].items()
         }
         return cls(**config)
+
+
+def ensure_state(optimizer: Any, variables: Sequence[Any], member: str | None = None) -> None:
+    """Creates ``optimizer``'s state (its slots) for ``variables`` unless it has some: the one place that does.
+
+    Idempotent: an optimizer that has its state keeps it. Always outside any
+    traced function (``tf.init_scope``), as Keras' ``apply_gradients``
+    builds: ``tf.function`` may create variables only in a first trace, and
+    a restore must find them before the step runs.
+
+    * A plain optimizer and a ``LossScaleOptimizer`` (its inner optimizer
+      with it) are built on ``variables``, in their order.
+    * A :class:`NamedOptimizers` group records ``variables`` as the model's
+      and builds each member whose variables are known (its ``build`` comes
+      back here for each, with ``member``).
+    * ``member=name`` (``optimizer`` is the group): records that member
+      ``name`` updates ``variables`` (an error if another member does), then
+      builds that member on them if it has no state yet.
+
+    Who calls it, when, and why then:
+
+    * ``StepFunctions`` (training step, first trace): the compiled optimizer
+      on every trainable variable, at the moment Keras builds it, so the step
+      traces as often as on ``keras.Model`` (its docstring says why).
+    * ``CustomModel.minimize``: the optimizer it uses, on all its
+      ``variables`` when some have no gradient (Keras builds on those too; the
+      update leaves them out); :meth:`NamedOptimizers.member_for_step`, at a
+      member's first ``minimize``: the group, then the member.
+    * Restoring, before state is read (it is read only into a built
+      optimizer): ``BackupAndRestore`` before loading a backup (not a group:
+      the saved assignment builds its members); ``compile_from_config``
+      (``load_model``) before Keras loads the optimizer's variables;
+      :func:`load_assignment` and :func:`load_attribute_assignment` on the
+      saved positions, inside the strategy's scope.
+
+    Args:
+        optimizer: A Keras optimizer, ``LossScaleOptimizer`` or
+            :class:`NamedOptimizers` group.
+        variables: The variables it updates.
+        member: A member of the group ``optimizer`` to build instead.
+
+    Raises:
+        TypeError: ``member`` is given and ``optimizer`` is not a group.
+        ValueError: Another member of the group updates one of ``variables``.
+    """
+    with tf.init_scope():
+        if member is not None:
+            if not isinstance(optimizer, NamedOptimizers):
+                raise TypeError(f"ensure_state(member={member!r}) expected a NamedOptimizers, received {optimizer!r}.")
+            optimizer._assign_member(member, variables)
+            optimizer = optimizer[member]
+        if not version.optimizer_built(optimizer):
+            version.build_optimizer(optimizer, list(variables))
 
 
 def for_compile(model: Any, optimizer: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
@@ -510,8 +561,8 @@ def save_assignment(model: Any) -> dict[str, Any]:
 
 def load_assignment(model: Any, saved: Mapping[str, Any]) -> None:
     """Builds each unbuilt named optimizer that :func:`save_assignment` saved built, on its saved variables."""
-    group: Any = getattr(model, "optimizer", None)
-    if not saved or not hasattr(group, "build_member"):
+    group = getattr(model, "optimizer", None)
+    if not saved or not isinstance(group, NamedOptimizers):
         return
     variables = model.trainable_variables
     # Under a tf.distribute strategy (BackupAndRestore restores before the first step, outside
@@ -519,7 +570,7 @@ def load_assignment(model: Any, saved: Mapping[str, Any]) -> None:
     with tf.init_scope(), model.distribute_strategy.scope():
         for name, positions in saved.items():
             if name in group and not version.optimizer_built(group[name]):
-                group.build_member(name, [variables[int(i)] for i in np.asarray(positions)])
+                ensure_state(group, [variables[int(i)] for i in np.asarray(positions)], member=name)
 
 
 def attribute_optimizers(model: Any) -> dict[str, Any]:
@@ -565,4 +616,4 @@ def load_attribute_assignment(model: Any, saved: Mapping[str, Any]) -> None:
         for name, positions in saved.items():
             optimizer = present.get(name)
             if optimizer is not None and not version.optimizer_built(optimizer):
-                version.build_optimizer(optimizer, [variables[int(i)] for i in np.asarray(positions)])
+                ensure_state(optimizer, [variables[int(i)] for i in np.asarray(positions)])

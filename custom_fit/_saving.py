@@ -448,7 +448,7 @@ class Saving(Host):
             self.compile(**keras.saving.deserialize_keras_object(config))
         version.mark_built_if_complete(self)
         if self.optimizer is not None and self.built:
-            version.build_optimizer(self.optimizer, self.trainable_variables)
+            optimizers.ensure_state(self.optimizer, self.trainable_variables)
 
     def save_own_variables(self, store: Any) -> None:
         """Saves the model's own variables and the state Keras leaves out (:mod:`custom_fit._extra_state`).

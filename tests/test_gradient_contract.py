@@ -114,3 +114,42 @@ def test_apply_gradients_called_by_a_step_itself_reaches_the_optimizer_as_is():
         model.fit(data["x"], data["y"].astype("float32"), epochs=2, shuffle=False, verbose=0)
         results[base] = model.get_weights()
     assert parity.max_delta(results[keras.Model], results[OwnStep]) == 0.0
+
+
+def test_minimize_resolves_its_optimizer_once(monkeypatch):
+    """``apply_gradients`` takes the optimizer ``minimize`` resolved; called on its own it resolves it."""
+    from custom_fit import _optimizers
+
+    resolved = []
+    resolve = _optimizers.resolve
+
+    def counting(model, optimizer, variables=()):
+        resolved.append(optimizer)
+        return resolve(model, optimizer, variables)
+
+    monkeypatch.setattr(_optimizers, "resolve", counting)
+    data = parity.classification_data()
+    inputs = keras.Input((parity.N_FEATURES,))
+    model = custom_fit.CustomModel(inputs, keras.layers.Dense(1)(inputs))
+    model.compile(optimizer="sgd", loss="mse", run_eagerly=True)
+    model.fit(data["x"][:8], data["y"][:8].astype("float32"), batch_size=4, epochs=1, verbose=0)
+    assert resolved == [None, None], "one resolution per minimize(), two steps"
+    model.apply_gradients([(tf.ones_like(v), v) for v in model.trainable_variables])
+    assert resolved == [None, None, None]
+
+
+@pytest.mark.skipif(custom_fit.KERAS_2, reason="compile(auto_scale_loss=...) is Keras 3's")
+def test_an_optimizer_compiled_without_loss_scaling_equals_keras_model_in_mixed_precision(mixed_float16):
+    """Fails on e9d4b79 (Keras 3): apply_gradients resolved the compiled SGD a second time, into a
+    LossScaleOptimizer of its own that divided the unscaled gradient by 2**15."""
+    data = parity.classification_data()
+    results = {}
+    for base in (keras.Model, custom_fit.CustomModel):
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((parity.N_FEATURES,))
+        model = base(inputs, keras.layers.Dense(1, dtype="float32")(keras.layers.Dense(4)(inputs)))
+        model.compile(optimizer="sgd", loss="mse", auto_scale_loss=False)
+        model.fit(data["x"], data["y"].astype("float32"), epochs=2, shuffle=False, verbose=0)
+        assert type(model.optimizer).__name__ == "SGD"
+        results[base] = model.get_weights()
+    assert parity.max_delta(results[keras.Model], results[custom_fit.CustomModel]) == 0.0

@@ -1,4 +1,5 @@
-"""The package's shape, as DESIGN.md fixes it: no import circle, no frame inspection, no ``threading.local``.
+"""The package's shape, as DESIGN.md fixes it: no import circle, no frame inspection, no ``threading.local``,
+one place that creates optimizer state.
 
 Checked on the source (``ast``), so a change that brings one back fails here
 with the module and line, whichever Keras runs.
@@ -164,3 +165,36 @@ def test_private_names_outside_compat_are_custom_fits_own() -> None:
                 else:
                     read.append(f"{path.name}:{node.lineno} .{node.attr}")
     assert [entry for entry in read if entry.split(" ")[1].strip(".=") not in defined] == []
+
+
+def _calls_by_function(path: Path, names: set[str]) -> list[tuple[str, int]]:
+    """``(enclosing function, line)`` of each call in ``path`` to a function or method named in ``names``."""
+    found: list[tuple[str, int]] = []
+
+    def visit(node: ast.AST, function: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = child.name if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef) else function
+            if isinstance(child, ast.Call):
+                func = child.func
+                called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+                if called in names:
+                    found.append((inner, child.lineno))
+            visit(child, inner)
+
+    visit(ast.parse(path.read_text()), "<module>")
+    return found
+
+
+def test_one_place_creates_optimizer_state() -> None:
+    """Only ``_optimizers.ensure_state`` builds an optimizer or a named group's member (callers go through it)."""
+    builders = {"build_optimizer", "build_member", "_assign_member"}
+    found = {
+        f"{name}.{function}" for name, path in _modules().items() for function, _ in _calls_by_function(path, builders)
+    }
+    assert found == {"custom_fit._optimizers.ensure_state"}
+
+
+def test_the_call_finder_names_the_enclosing_function(tmp_path: Path) -> None:
+    source = tmp_path / "module.py"
+    source.write_text("def f(o):\n    g(o.build_optimizer(1))\n\nclass C:\n    def m(self):\n        build_member()\n")
+    assert _calls_by_function(source, {"build_optimizer", "build_member"}) == [("f", 2), ("m", 6)]

@@ -9,7 +9,8 @@ import pytest
 import tensorflow as tf
 
 import custom_fit
-from custom_fit import keras
+from custom_fit import _compat, keras
+from custom_fit._optimizers import ensure_state
 from tests import parity
 
 X = parity.classification_data()["x"]
@@ -287,3 +288,57 @@ def test_ema_member_swaps_in_its_moving_averages_when_fit_ends(policy):
     assert parity.max_delta(ema_run.encoder.get_weights(), plain.encoder.get_weights()) > 1e-3
     # EMA does not change the training itself: the other member's variables are those of a run without it.
     assert parity.max_delta(ema_run.head.get_weights(), plain.head.get_weights()) == 0.0
+
+
+def _ids(variables):
+    return [id(v) for v in variables]
+
+
+def test_ensure_state_builds_an_optimizer_once():
+    variables = TwoHeads().trainable_weights
+    optimizer = keras.optimizers.Adam()
+    ensure_state(optimizer, variables)
+    state = _ids(optimizer.variables)
+    assert _compat.version.optimizer_built(optimizer) and len(state) > len(variables)  # two slots per variable
+    assert _ids(_compat.variables_built_on(optimizer, variables)) == _ids(variables)
+    ensure_state(optimizer, variables)
+    ensure_state(optimizer, variables[:1])
+    assert _ids(optimizer.variables) == state
+
+
+def test_ensure_state_builds_a_loss_scale_optimizer_with_its_inner_one():
+    variables = TwoHeads().trainable_weights
+    optimizer = keras.mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(momentum=0.9))
+    ensure_state(optimizer, variables)
+    state = _ids(optimizer.variables)
+    assert _compat.version.optimizer_built(optimizer) and _compat.version.optimizer_built(optimizer.inner_optimizer)
+    assert _ids(_compat.variables_built_on(optimizer, variables)) == _ids(variables)
+    ensure_state(optimizer, variables)
+    assert _ids(optimizer.variables) == state
+
+
+def test_ensure_state_builds_a_group_and_its_members():
+    model = TwoHeads()
+    model.compile(optimizer={"encoder": "adam", "other": keras.optimizers.SGD(momentum=0.9)})
+    group = model.optimizer
+    ensure_state(group, model.trainable_variables)
+    # The member named like a sub-model is built on its variables; the other waits for its first use.
+    assert _compat.version.optimizer_built(group) and _compat.version.optimizer_built(group["encoder"])
+    assert _ids(group.member_variables("encoder")) == _ids(model.encoder.trainable_weights)
+    assert not _compat.version.optimizer_built(group["other"]) and group.member_variables("other") == []
+    ensure_state(group, model.head.trainable_weights, member="other")
+    assert _ids(group.member_variables("other")) == _ids(model.head.trainable_weights)
+    state = {name: _ids(group[name].variables) for name in group}
+    ensure_state(group, model.trainable_variables)
+    ensure_state(group, model.head.trainable_weights, member="other")
+    assert {name: _ids(group[name].variables) for name in group} == state
+
+
+def test_ensure_state_refuses_a_member_on_another_members_variables():
+    model = TwoHeads()
+    model.compile(optimizer={"encoder": "adam", "other": "adam"})
+    ensure_state(model.optimizer, model.trainable_variables)
+    with pytest.raises(ValueError, match=r"would be updated by two optimizers, 'encoder' and 'other'"):
+        ensure_state(model.optimizer, model.encoder.trainable_weights, member="other")
+    with pytest.raises(TypeError, match=r"ensure_state\(member='other'\) expected a NamedOptimizers"):
+        ensure_state(keras.optimizers.Adam(), model.encoder.trainable_weights, member="other")

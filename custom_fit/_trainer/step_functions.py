@@ -22,7 +22,7 @@ from custom_fit import _distribution as distribution
 from custom_fit._compat import version
 from custom_fit._compat.common import explain_xla_errors
 from custom_fit._logged_values import flat_logs
-from custom_fit._optimizers import NamedOptimizers
+from custom_fit._optimizers import NamedOptimizers, ensure_state
 from custom_fit._state import LoopCall, running_fit, state_of
 from custom_fit._trainer.progress import Progress, hand_to_callbacks
 
@@ -157,9 +157,9 @@ class StepFunctions(_compat.TrainerHooks):
         slot a backup holds finds its variable. Under a ``tf.distribute``
         strategy Keras 3 has built it before tracing.
         """
+        # Checked before ensure_state, so the variables are gathered only in the trace that builds.
         if self.built and self.optimizer is not None and not version.optimizer_built(self.optimizer):
-            with tf.init_scope():
-                version.build_optimizer(self.optimizer, self.trainable_variables)
+            ensure_state(self.optimizer, self.trainable_variables)
 
     def _test_step_in_replica(self, data: Any) -> Any:
         """``test_step``; variables it creates under a strategy are created outside the replica context."""
