@@ -300,7 +300,7 @@ def test_ensure_state_builds_an_optimizer_once():
     ensure_state(optimizer, variables)
     state = _ids(optimizer.variables)
     assert _compat.version.optimizer_built(optimizer) and len(state) > len(variables)  # two slots per variable
-    assert _ids(_compat.variables_built_on(optimizer, variables)) == _ids(variables)
+    assert _ids(_compat.version.variables_built_on(optimizer, variables)) == _ids(variables)
     ensure_state(optimizer, variables)
     ensure_state(optimizer, variables[:1])
     assert _ids(optimizer.variables) == state
@@ -312,7 +312,7 @@ def test_ensure_state_builds_a_loss_scale_optimizer_with_its_inner_one():
     ensure_state(optimizer, variables)
     state = _ids(optimizer.variables)
     assert _compat.version.optimizer_built(optimizer) and _compat.version.optimizer_built(optimizer.inner_optimizer)
-    assert _ids(_compat.variables_built_on(optimizer, variables)) == _ids(variables)
+    assert _ids(_compat.version.variables_built_on(optimizer, variables)) == _ids(variables)
     ensure_state(optimizer, variables)
     assert _ids(optimizer.variables) == state
 
