@@ -165,8 +165,10 @@ class BackupAndRestore(keras.callbacks.Callback):
     * the epoch accumulators (metrics, ``logged_values``) and Python's and
       NumPy's global random states are part of the backup.
 
-    When it runs: ``on_train_begin`` locks ``backup_dir`` and loads the
-    newest readable backup (the model must be built); ``on_epoch_begin`` of
+    When it runs: custom_fit's ``fit`` first hands it its progress
+    (:meth:`set_progress`), whose ``state_dict()`` each backup records;
+    ``on_train_begin`` locks ``backup_dir`` and loads the newest readable
+    backup, into the model and into the progress (the model must be built); ``on_epoch_begin`` of
     the resumed epoch restores the metrics and random state; a batch-level
     backup is written at the ``on_train_batch_begin`` after every
     ``save_freq`` steps (so never at an epoch's end, where the epoch-end
