@@ -218,7 +218,7 @@ def hand_to_callbacks(progress: Progress, callbacks: Any) -> None:
     """Gives ``progress`` to each callback that takes one: ``callback.set_progress(progress)``.
 
     As Keras gives each callback the model (``set_model``), the loop gives
-    the ``fit`` it runs the callbacks that ask for its progress
+    its ``fit``'s progress to the callbacks that ask for it
     (:class:`custom_fit.BackupAndRestore`), before ``on_train_begin``.
     ``callbacks`` is a ``CallbackList``, a list of callbacks, one, or ``None``.
     """
