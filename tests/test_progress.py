@@ -94,3 +94,17 @@ def test_hand_to_callbacks_takes_a_list_a_callback_list_one_callback_or_none() -
     hand_to_callbacks(progress, recorders[2])
     hand_to_callbacks(progress, None)
     assert all(recorder.progress is progress for recorder in recorders)
+
+
+def test_fit_takes_its_arguments_by_position_also_where_keras_model_is_replaced(monkeypatch: Any) -> None:
+    """Keras 2's fit binds its arguments to tf_keras' own fit, not to whatever ``tf_keras.Model`` names now.
+
+    tf_keras' own tests, run with ``CustomModel`` swapped in for ``tf_keras.Model`` (``make keras2-peer``),
+    replace the module's ``Model``; the arguments must still reach tf_keras' fit, callbacks by position.
+    """
+    model = _model()
+    recorder = _Recorder()
+    if custom_fit.KERAS_2:
+        monkeypatch.setattr(keras, "Model", custom_fit.CustomModel)
+    history = model.fit(np.zeros((6, 2)), np.zeros((6, 1)), 2, 2, 0, [recorder])
+    assert recorder.progress is not None and len(history.history["loss"]) == 2

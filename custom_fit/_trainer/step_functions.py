@@ -44,7 +44,8 @@ class StepFunctions(_compat.TrainerHooks):
         # runs its own). tf_keras' loop moves the progress along through a callback that runs
         # first (_ProgressReporter); the callbacks that take it get it, as in Keras 3's loop, and
         # tf_keras asks where to start through _fit_progress.
-        arguments = inspect.signature(_compat.keras.Model.fit).bind(self, *args, **kwargs).arguments
+        # Bound to the fit this one calls (tf_keras' own, whatever `tf_keras.Model` names later).
+        arguments = inspect.signature(super().fit).bind(*args, **kwargs).arguments
         progress = Progress(data=None)
         callbacks = arguments.get("callbacks")
         hand_to_callbacks(progress, callbacks)
@@ -53,7 +54,6 @@ class StepFunctions(_compat.TrainerHooks):
             callbacks.callbacks.insert(0, reporter)  # the user's list: taken out again when fit ends
         else:
             arguments["callbacks"] = [reporter, *tf.nest.flatten(callbacks or [])]
-        del arguments["self"]
         try:
             with self._running(LoopCall("fit", progress=progress)):
                 return super().fit(**arguments)
