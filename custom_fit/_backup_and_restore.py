@@ -80,10 +80,9 @@ class Backup:
     metric_values: list[list[np.ndarray]]
     data_epoch: int | None = None
 
-    @property
-    def position(self) -> Position:
-        """Where the resumed ``fit`` starts (what the running ``fit``'s progress said)."""
-        return Position(self.epoch, self.step, self.iterator, self.skip, self.data_epoch)
+    def progress_state(self) -> dict[str, Any]:
+        """Where the resumed ``fit`` starts: the running ``fit``'s ``Progress.state_dict()`` it was written from."""
+        return dataclasses.asdict(Position(self.epoch, self.step, self.iterator, self.skip, self.data_epoch))
 
     def write(self, directory: Path) -> None:
         """Writes ``meta.json`` and ``state.npz`` into ``directory``."""
@@ -305,7 +304,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         if self._progress is None:  # Keras' own loop (Keras 3, a plain keras.Model) reads it from the model
             version.set_initial_epoch(self.model, self._resume.epoch if self._resume else None)
         elif self._resume is not None:
-            self._progress.load_state_dict(dataclasses.asdict(self._resume.position))
+            self._progress.load_state_dict(self._resume.progress_state())
         self._hook_states = list(self._resume.hook_states) if self._resume else []
         if self._data is not None:
             self._data.hook_states = self._hook_states
@@ -444,17 +443,17 @@ class BackupAndRestore(keras.callbacks.Callback):
                 custom_fit does not run (no progress) resumes.
         """
         if self._progress is not None:
-            position = Position(**self._progress.state_dict())
+            state = self._progress.state_dict()
         else:  # Keras' own loop (a plain keras.Model on Keras 3): backups at epochs' ends only
             assert next_epoch is not None
-            position = Position(next_epoch, 0)
+            state = dataclasses.asdict(Position(next_epoch, 0))
         backup = Backup(
-            **dataclasses.asdict(position),
+            **state,
             random_state=random_state,
             hook_states=list(self._hook_states),
             # At an epoch's start Keras resets the metrics: nothing to restore.
             metric_values=[[np.asarray(v.numpy()) for v in m.variables] for m in _epoch_metrics(self.model)]
-            if position.step
+            if state["step"]
             else [],
         )
 
