@@ -118,3 +118,13 @@ def test_stand_in_has_the_soname_and_loads(tmp_path):
     assert "Library soname: [libcufft.so.11]" in dynamic
     ctypes.CDLL(str(stub))  # dlopen succeeds, as TensorFlow's check at GPU start needs
     assert stub.stat().st_size < 20_000
+
+
+def test_library_path_lists_the_trees_lib_folders(tmp_path):
+    _, out, _ = build_fake(tmp_path)
+    site = tmp_path / "site"
+    assert pl.library_path(site) == ""  # nothing unpacked: nothing to add
+    pl.install(out, site)
+    (site / "nvidia/cublas/lib").write_text("a file, not a folder")
+    expected = [site.resolve() / f"nvidia/{name}/lib" for name in ("cuda_nvrtc", "cuda_runtime", "cudnn", "nccl")]
+    assert pl.library_path(site) == ":".join(map(str, expected))

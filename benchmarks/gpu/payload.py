@@ -15,6 +15,7 @@ Subcommands (``python benchmarks/gpu/payload.py SUBCOMMAND --help``):
   pieces + ``manifest.json``.
 * ``verify``: every piece's size and SHA-256 against the manifest.
 * ``install``: verify, reassemble, decompress and unpack the parts into a directory.
+* ``library-path``: the unpacked tree's ``nvidia/*/lib`` folders, for ``LD_LIBRARY_PATH``.
 
 Parts: ``core`` (TensorFlow, keras, custom_fit, the CUDA 12 libraries TensorFlow needs) and
 ``cudnn`` (cuDNN 9 for CUDA 12 and NVRTC, which only cuDNN's runtime-compiled engines load).
@@ -256,6 +257,20 @@ def install(payload: Path, dest: Path, parts: Iterable[str] | None = None) -> di
         print(f"unpacked {part['name']} ({part['bytes']} bytes, {len(part['pieces'])} pieces)", flush=True)
     stamp.write_text(json.dumps(key))
     return {"parts": names, "seconds": time.perf_counter() - started, "skipped": False}
+
+
+def library_path(site: Path) -> str:
+    """The unpacked tree's ``nvidia/*/lib`` folders, absolute, joined with ``:`` for ``LD_LIBRARY_PATH``.
+
+    TensorFlow dlopens the CUDA libraries from ``libtensorflow_framework.so.2`` (its
+    ``tsl::internal::DsoLoader``), and the dynamic loader searches the RUNPATH of the object that
+    calls ``dlopen``: that RUNPATH names ``nvidia/{cublas,cuda_cupti,cuda_runtime,cudnn,cufft,
+    cusparse,nccl,nvshmem}/lib`` but not ``nvidia/cusolver/lib`` (only ``libtensorflow_cc.so.2``'s
+    does), so ``libcusolver.so.11`` is not found, TensorFlow skips the GPU, and the run goes on on
+    the CPU (seen on an H200, November 2026). On ``LD_LIBRARY_PATH`` every one of them is found.
+    """
+    root = site.resolve() / "nvidia"
+    return ":".join(str(lib) for lib in sorted(root.glob("*/lib")) if lib.is_dir())
 
 
 def _unpack(read: Callable[..., bytes], command: list[str] | None, dest: Path) -> None:
@@ -645,6 +660,8 @@ def main(argv: list[str] | None = None) -> int:
     put.add_argument("--parts", nargs="*", help="default: every part whose pieces are all present")
     show = sub.add_parser("report", help="the manifest's sizes as Markdown")
     show.add_argument("payload", type=Path)
+    libs = sub.add_parser("library-path", help="the unpacked tree's nvidia/*/lib folders, for LD_LIBRARY_PATH")
+    libs.add_argument("site", type=Path)
     args = parser.parse_args(argv)
     if args.command == "download":
         download(args.python_tag, args.wheels)
@@ -660,6 +677,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result))
     elif args.command == "report":
         print(report(read_manifest(args.payload)), end="")
+    elif args.command == "library-path":
+        print(library_path(args.site))
     return 0
 
 

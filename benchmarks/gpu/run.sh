@@ -9,6 +9,7 @@
 #    an unchanged payload is not unpacked twice);
 # 2. cuDNN: the payload's part `cudnn` where its pieces are there, else (auto, image) the image's
 #    own libcudnn*.so.9, linked into the tree where TensorFlow looks (nvidia/cudnn/lib);
+#    then every nvidia/*/lib of the tree goes on LD_LIBRARY_PATH (TensorFlow's RUNPATH misses cuSOLVER's);
 # 3. prints tf.config.list_physical_devices("GPU");
 # 4. runs each workload of benchmarks/gpu/gpu_bench.py in its own process, capped by `timeout`,
 #    with nvidia-smi logging utilization, then the parity check, and writes to OUT ($OUT, else
@@ -61,9 +62,9 @@ elif [[ $cudnn == payload ]]; then
     exit 1
 fi
 "$python" benchmarks/gpu/payload.py verify "$payload" --parts core
-started=$(date +%s.%N)
+started=$(date +%s)
 "$python" benchmarks/gpu/payload.py install "$payload" "$site" --parts "${parts[@]}"
-echo "run.sh: unpacked ${parts[*]} in $(echo "$(date +%s.%N) - $started" | bc) s; $(du -sh "$site" | cut -f1) on disk"
+echo "run.sh: unpacked ${parts[*]} in $(($(date +%s) - started)) s; $(du -sh "$site" | cut -f1) on disk"
 
 # 2. cuDNN from the image, when the payload's is not used.
 if [[ ! " ${parts[*]} " == *" cudnn "* ]] && ((!dry_run)); then
@@ -88,12 +89,20 @@ EOF
         done
         LD_LIBRARY_PATH=$(cd "$site/cuda13" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
         export LD_LIBRARY_PATH
-        echo "run.sh: LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
     fi
 fi
 
 # The tree goes first on the path; the image's packages (scikit-learn, matplotlib) stay visible.
 site_abs=$(cd "$site" && pwd)
+# Every nvidia/*/lib of the tree on LD_LIBRARY_PATH, before TensorFlow is imported: TensorFlow
+# dlopens the CUDA libraries from libtensorflow_framework.so.2, whose RUNPATH has no
+# nvidia/cusolver/lib (libtensorflow_cc.so.2's has, but the loader searches the caller's), so
+# without this libcusolver.so.11 is not found and TensorFlow skips the GPU and runs on the CPU.
+libs=$("$python" benchmarks/gpu/payload.py library-path "$site_abs")
+if [[ -n $libs ]]; then  # an empty entry would mean the working directory
+    export LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+echo "run.sh: LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
 export PYTHONPATH=$site_abs:$repo${PYTHONPATH:+:$PYTHONPATH}
 export PATH=$site_abs/nvidia/cuda_nvcc/bin:$PATH                                      # ptxas, for XLA
 export XLA_FLAGS="--xla_gpu_cuda_data_dir=$site_abs/nvidia/cuda_nvcc ${XLA_FLAGS:-}"  # libdevice
@@ -138,11 +147,11 @@ if command -v nvidia-smi >/dev/null; then
     smi_pid=$!
 fi
 for key in $only; do
-    started=$(date +%s.%N)
+    started=$(date +%s)
     status=0
     timeout --kill-after=10 "$cap" "$python" benchmarks/gpu/gpu_bench.py --only "$key" --out "$parts_dir" \
         --max-seconds "$max_seconds" || status=$?
-    echo "run.sh: workload $key: exit $status in $(echo "$(date +%s.%N) - $started" | bc) s (cap $cap s)"
+    echo "run.sh: workload $key: exit $status in $(($(date +%s) - started)) s (cap $cap s)"  # no bc on the device
 done
 if ((parity)); then
     status=0
