@@ -8,12 +8,16 @@ from __future__ import annotations
 import ctypes
 import io
 import json
+import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
 from benchmarks.gpu import payload as pl
+
+RUN_SH = pl.REPO / "benchmarks/gpu/run.sh"
 
 
 def fake_tree(root):
@@ -120,6 +124,20 @@ def test_stand_in_has_the_soname_and_loads(tmp_path):
     assert stub.stat().st_size < 20_000
 
 
+def test_install_replaces_a_link_left_at_a_files_path_and_spares_its_target(tmp_path):
+    _, out, _ = build_fake(tmp_path)
+    image = tmp_path / "image/libcudnn.so.9.14.0"  # run.sh --cudnn image linked the image's cuDNN here
+    image.parent.mkdir()
+    image.write_bytes(b"the image's cuDNN")
+    lib = tmp_path / "site/nvidia/cudnn/lib"
+    lib.mkdir(parents=True)
+    (lib / "libcudnn.so.9").symlink_to(image)
+    assert pl.install(out, tmp_path / "site")["parts"] == ["core", "cudnn"]
+    assert not (lib / "libcudnn.so.9").is_symlink()
+    assert (lib / "libcudnn.so.9").read_bytes() == b"cudnn" * 5000
+    assert image.read_bytes() == b"the image's cuDNN"
+
+
 def test_library_path_lists_the_trees_lib_folders(tmp_path):
     _, out, _ = build_fake(tmp_path)
     site = tmp_path / "site"
@@ -128,3 +146,55 @@ def test_library_path_lists_the_trees_lib_folders(tmp_path):
     (site / "nvidia/cublas/lib").write_text("a file, not a folder")
     expected = [site.resolve() / f"nvidia/{name}/lib" for name in ("cuda_nvrtc", "cuda_runtime", "cudnn", "nccl")]
     assert pl.library_path(site) == ":".join(map(str, expected))
+
+
+def fake_python(tmp_path, image_cudnn):
+    """A ``--python`` for run.sh: payload.py runs for real; TensorFlow's steps print the environment."""
+    script = tmp_path / "python"
+    script.write_text(
+        f"""#!/usr/bin/env bash
+if [[ $1 == - ]]; then
+    case $(cat) in
+        *libcudnn.so.9*) echo "{image_cudnn}" ;;  # run.sh's search for the image's cuDNN
+        *) echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" ;;  # the TensorFlow steps
+    esac
+elif [[ $1 == benchmarks/gpu/payload.py ]]; then
+    exec {sys.executable} "$@"
+fi
+"""
+    )
+    script.chmod(0o755)
+    return script
+
+
+@pytest.mark.skipif(not shutil.which("bash") or not shutil.which("timeout"), reason="needs bash and timeout")
+def test_run_sh_switches_between_the_images_cudnn_and_the_payloads(tmp_path):
+    _, out, _ = build_fake(tmp_path)
+    image = tmp_path / "image/lib"
+    image.mkdir(parents=True)
+    (image / "libcudnn.so.9.14.0").write_bytes(b"the image's cuDNN")
+    (image / "libcudnn.so.9").symlink_to("libcudnn.so.9.14.0")
+    python, site, lib = fake_python(tmp_path, image), tmp_path / "site", tmp_path / "site/nvidia/cudnn/lib"
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+
+    def run(*args):
+        command = ["bash", str(RUN_SH), "--payload", str(out), "--site", str(site), "--out", str(tmp_path / "out")]
+        command += ["--python", str(python), *args]
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return (tmp_path / "out/devices.txt").read_text()
+
+    payload_cudnn = {"libcudnn.so.9"}
+    devices = run("--dry-run", "--cudnn", "payload")
+    assert f"{site.resolve()}/nvidia/cudnn/lib" in devices and f"{site.resolve()}/nvidia/cuda_runtime/lib" in devices
+    assert {p.name for p in lib.iterdir()} == payload_cudnn and not (lib / "libcudnn.so.9").is_symlink()
+
+    run("--cudnn", "image", "--only", "", "--no-parity")  # the payload's cuDNN files give way to links
+    assert {p.name for p in lib.iterdir()} == {"libcudnn.so.9", "libcudnn.so.9.14.0"}
+    assert all(p.is_symlink() for p in lib.iterdir())
+    assert (image / "libcudnn.so.9.14.0").read_bytes() == b"the image's cuDNN"
+
+    run("--dry-run", "--cudnn", "payload")  # and back: the links go, the part is unpacked again
+    assert {p.name for p in lib.iterdir()} == payload_cudnn
+    assert (lib / "libcudnn.so.9").read_bytes() == b"cudnn" * 5000
+    assert (image / "libcudnn.so.9.14.0").read_bytes() == b"the image's cuDNN"

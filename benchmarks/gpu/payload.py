@@ -204,7 +204,7 @@ def _decompressor(compression: dict[str, Any], payload: Path) -> list[str] | Non
     raise ValueError(f"unknown compression {tool!r}")
 
 
-def _safe_members(archive: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
+def _safe_members(archive: tarfile.TarFile, dest: Path) -> Iterator[tarfile.TarInfo]:
     for member in archive:
         name = member.name
         if name.startswith("/") or ".." in Path(name).parts:
@@ -213,6 +213,11 @@ def _safe_members(archive: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
             target = member.linkname
             if target.startswith("/") or ".." in Path(target).parts:
                 raise ValueError(f"unsafe link in the payload: {name} -> {target}")
+        # A link left at the member's path (run.sh --cudnn image links the image's libcudnn*.so.9
+        # into nvidia/cudnn/lib) is removed, not followed: tar's filter refuses to write through a
+        # link that leaves dest, and without the filter the write would land in the image's file.
+        if (dest / name).is_symlink():
+            (dest / name).unlink()
         yield member
 
 
@@ -239,6 +244,7 @@ def install(payload: Path, dest: Path, parts: Iterable[str] | None = None) -> di
         raise RuntimeError("the payload is damaged:\n  " + "\n  ".join(problems))
     started = time.perf_counter()
     dest.mkdir(parents=True, exist_ok=True)
+    stamp.unlink(missing_ok=True)  # an unpack cut short is not taken for a complete one next time
     for part in manifest["parts"]:
         if part["name"] not in names:
             continue
@@ -284,7 +290,7 @@ def _unpack(read: Callable[..., bytes], command: list[str] | None, dest: Path) -
                 return read(size)
 
         with lzma.open(Reader()) as stream, tarfile.open(fileobj=stream, mode="r|") as archive:  # type: ignore[call-overload]
-            archive.extractall(dest, members=_safe_members(archive), **extract_kwargs)
+            archive.extractall(dest, members=_safe_members(archive, dest), **extract_kwargs)
         return
     process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert process.stdin is not None and process.stdout is not None
@@ -302,7 +308,7 @@ def _unpack(read: Callable[..., bytes], command: list[str] | None, dest: Path) -
     feeder = threading.Thread(target=feed, daemon=True)
     feeder.start()
     with tarfile.open(fileobj=process.stdout, mode="r|") as archive:
-        archive.extractall(dest, members=_safe_members(archive), **extract_kwargs)
+        archive.extractall(dest, members=_safe_members(archive, dest), **extract_kwargs)
     process.stdout.read()
     process.stdout.close()
     feeder.join()

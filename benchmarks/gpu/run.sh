@@ -8,7 +8,8 @@
 #    it into DIR (default .gpu-payload/site: ignored, so a warm machine keeps it between calls;
 #    an unchanged payload is not unpacked twice);
 # 2. cuDNN: the payload's part `cudnn` where its pieces are there, else (auto, image) the image's
-#    own libcudnn*.so.9, linked into the tree where TensorFlow looks (nvidia/cudnn/lib);
+#    own libcudnn*.so.9, linked into the tree where TensorFlow looks (nvidia/cudnn/lib); switching
+#    between the two on a warm machine replaces the one left there;
 #    then every nvidia/*/lib of the tree goes on LD_LIBRARY_PATH (TensorFlow's RUNPATH misses cuSOLVER's);
 # 3. prints tf.config.list_physical_devices("GPU");
 # 4. runs each workload of benchmarks/gpu/gpu_bench.py in its own process, capped by `timeout`,
@@ -62,6 +63,15 @@ elif [[ $cudnn == payload ]]; then
     exit 1
 fi
 "$python" benchmarks/gpu/payload.py verify "$payload" --parts core
+# A run with the image's cuDNN (--cudnn image, or auto without the part) left links to the image's
+# libcudnn*.so.9 in nvidia/cudnn/lib: the payload's cuDNN replaces them. Removing the stamp makes
+# install unpack again, as the links took the place of the part's files.
+if [[ " ${parts[*]} " == *" cudnn "* && -d $site/nvidia/cudnn/lib ]] &&
+    [[ -n $(find "$site/nvidia/cudnn/lib" -maxdepth 1 -type l -print -quit) ]]; then
+    echo "run.sh: removing the image's cuDNN links from $site/nvidia/cudnn/lib"
+    find "$site/nvidia/cudnn/lib" -maxdepth 1 -type l -delete
+    rm -f "$site/.payload.json"
+fi
 started=$(date +%s)
 "$python" benchmarks/gpu/payload.py install "$payload" "$site" --parts "${parts[@]}"
 echo "run.sh: unpacked ${parts[*]} in $(($(date +%s) - started)) s; $(du -sh "$site" | cut -f1) on disk"
@@ -79,8 +89,12 @@ EOF
         echo "run.sh: no libcudnn.so.9 in the image and no cudnn part: TensorFlow will not use the GPU" >&2
     else
         echo "run.sh: cuDNN from the image: $found"
+        # Only links to the image's cuDNN in nvidia/cudnn/lib: whatever is there (the payload's cuDNN
+        # from an earlier --cudnn payload run, old links) goes, so the two are never mixed. The stamp
+        # that install just wrote names the core part alone, so a later run with the part unpacks it.
+        rm -rf "$site/nvidia/cudnn/lib"
         mkdir -p "$site/nvidia/cudnn/lib"
-        for lib in "$found"/libcudnn*.so.9*; do ln -sf "$lib" "$site/nvidia/cudnn/lib/"; done
+        for lib in "$found"/libcudnn*.so.9*; do ln -s "$lib" "$site/nvidia/cudnn/lib/"; done
         # cuDNN for CUDA 13 loads cuBLAS(Lt) 13 and NVRTC 13: those libraries alone (SONAMEs .so.13, no
         # clash with the CUDA 12 ones TensorFlow asks for) from the pip layout beside it, if there.
         mkdir -p "$site/cuda13"
