@@ -16,8 +16,8 @@ A backup holds the weights file Keras writes (model, optimizer, and with
 ``CustomModel`` the random seed generator states), the metric variables,
 Python's and NumPy's global random states, and where ``fit`` is in its data:
 :class:`~custom_fit._trainer.progress.Progress`, which the running ``fit`` hands the
-callback: its ``state_dict`` (epoch, step, and on Keras 3 which data iterator
-each batch comes from) goes into each backup, and a resumed ``fit`` loads it;
+callback: its ``state_dict`` (epoch, step, and which data iterator each
+batch comes from) goes into each backup, and a resumed ``fit`` loads it;
 the loop then makes and drops the iterators the interrupted run had made, and
 skips the batches it had trained on.
 """
@@ -156,11 +156,13 @@ class BackupAndRestore(keras.callbacks.Callback):
       The workers of a ``MultiWorkerMirroredStrategy`` cluster share one
       ``backup_dir``: the chief locks it and writes the backups, every
       worker resumes from them;
-    * with an integer ``save_freq`` (Keras 3, custom_fit models) the resumed
-      run starts at the step after the backup instead of replaying the epoch,
-      and reads the same batches, so the result equals an uninterrupted run
-      bit for bit (see "Crash-safe training" in the README for what this
-      needs: deterministic data and seeded randomness);
+    * with an integer ``save_freq`` (custom_fit models, both Kerases) the
+      resumed run starts at the step after the backup instead of replaying
+      the epoch, and reads the same batches, so the result equals an
+      uninterrupted run bit for bit (see "Crash-safe training" in the README
+      for what this needs: deterministic data and seeded randomness; on
+      Keras 2, a model without random layers: tf_keras' layers draw from
+      TensorFlow's global generator, which no file can save);
     * the epoch accumulators (metrics, ``logged_values``) and Python's and
       NumPy's global random states are part of the backup.
 
@@ -190,10 +192,10 @@ class BackupAndRestore(keras.callbacks.Callback):
             Kubernetes, Slurm, spot instances, ``timeout``), save a backup at
             the next step boundary and exit with status 143
             (:data:`custom_fit._preemption.PREEMPTION_EXIT_CODE`), so that the
-            restarted script resumes at that step. Where the resume position
-            is known (Keras 3, custom_fit models) that is the next step with
-            any ``save_freq``; elsewhere the process exits at the next step
-            without a new backup and resumes from the last one. Under
+            restarted script resumes at that step, with any ``save_freq``
+            (a plain ``keras.Model`` on Keras 3 keeps ``SIGTERM``'s meaning,
+            with a warning: its loop is Keras', which has no step boundary
+            custom_fit acts at). Under
             ``MultiWorkerMirroredStrategy`` a ``SIGTERM`` to any worker makes
             every worker save (the chief writes) and exit at the same step:
             the one after the signalled worker's next step (see
@@ -205,7 +207,7 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     Raises:
         ValueError: ``backup_dir`` is empty, or ``save_freq`` is neither
-            ``"epoch"`` nor a positive integer, or is an integer on Keras 2.
+            ``"epoch"`` nor a positive integer.
 
     Example:
         >>> import tempfile, numpy as np, keras, custom_fit
@@ -236,13 +238,6 @@ class BackupAndRestore(keras.callbacks.Callback):
             raise ValueError(
                 f"save_freq must be 'epoch' or a positive number of training steps, received {save_freq!r}. "
                 "Fix: BackupAndRestore(backup_dir, save_freq='epoch') or save_freq=100."
-            )
-        if is_steps and not version.RESUMES_MID_EPOCH:
-            raise ValueError(
-                f"BackupAndRestore(save_freq={save_freq}) resumes in the middle of an epoch, which custom_fit "
-                "can do on Keras 3 only: tf_keras' data handler cannot start an epoch after the batches "
-                "already trained, and its layers draw random numbers from TensorFlow's global generator, "
-                "which no Keras 2 file saves. Fix: save_freq='epoch' (resumes at the next epoch), or Keras 3."
             )
         self.backup_dir = os.fspath(backup_dir)
         self.save_freq = save_freq
@@ -351,11 +346,9 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
         """Writes a backup when ``save_freq`` steps were trained since the last one, or a ``SIGTERM`` came."""
-        if self._preemption_due((self._epoch, batch)):
-            if self._data is not None:
-                self._write(self._epoch_random_state)
-                self._exit_preempted(f"saved a backup at epoch {self._epoch + 1}, step {batch}")
-            self._exit_preempted("resuming from the last backup (the resume position is unknown here)")
+        if self._preemption_due((self._epoch, batch)):  # only custom_fit's loop arms the notice
+            self._write(self._epoch_random_state)
+            self._exit_preempted(f"saved a backup at epoch {self._epoch + 1}, step {batch}")
         if self._every is not None and self._unsaved_steps + batch - self._counted_from >= self._every:
             self._write(self._epoch_random_state)
             self._unsaved_steps, self._counted_from = 0, batch
@@ -487,7 +480,7 @@ class BackupAndRestore(keras.callbacks.Callback):
     def _restore_metrics(self, values: list[list[np.ndarray]]) -> None:
         """Sets each metric variable to its backed-up value (Keras reset them when the epoch began)."""
         if self._data is not None and self._data.element_spec is not None:
-            _compat.keras3_only.build_compiled_state(self.model, self._data.element_spec)
+            _compat.loop.build_compiled_state(self.model, self._data.element_spec)
         metrics = _epoch_metrics(self.model)
         shapes = [[tuple(v.shape) for v in metric.variables] for metric in metrics]
         if shapes != [[value.shape for value in saved] for saved in values]:

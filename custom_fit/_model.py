@@ -44,23 +44,19 @@ from custom_fit._saving import Saving
 from custom_fit._state import state_of
 from custom_fit._trainer import step_fusion
 from custom_fit._trainer.loop import Loop
-from custom_fit._trainer.step_functions import StepFunctions
 from custom_fit._value_trackers import LoggedValues
 
 __all__ = ["CustomModel", "CustomSequential"]
 
-# Two bases depend on what the Keras in use provides (capabilities `_compat` states): the trainer is
-# custom_fit's own fit loop on its step functions where it runs one (Keras 3; tf_keras' loop runs
-# on Keras 2), and Keras 2's meaning of compiled_loss / compiled_metrics is added where Keras gives
-# models none (Keras 3).
-_TRAINER: type = Loop if version.RUNS_OWN_LOOP else StepFunctions
+# One base depends on what the Keras in use provides (a capability `_compat` states): Keras 2's
+# meaning of compiled_loss / compiled_metrics is added where Keras gives models none (Keras 3).
 _COMPILED_ATTRIBUTES: tuple[type, ...] = () if version.HAS_COMPILED_LOSS_ATTRIBUTES else (CompiledAttributes,)
 
 
 @keras.saving.register_keras_serializable(package="custom_fit")
 class CustomModel(
     Saving,  # before the trainer: on Keras 2 both define get_config, and Saving's comes first
-    _TRAINER,  # bases that depend on the Keras in use (see above)
+    Loop,  # the trainer: custom_fit's fit/evaluate/predict loop on its step functions
     *_COMPILED_ATTRIBUTES,  # type: ignore[misc]
     keras.Model,
 ):

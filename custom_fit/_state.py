@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from custom_fit._trainer.step_fusion import StepsPerExecutionTuner
     from custom_fit._value_trackers import LoggedValues
 
-__all__ = ["LoopCall", "ModelState", "running_fit", "state_of"]
+__all__ = ["LoopCall", "ModelState", "state_of"]
 
 _ATTRIBUTE = "_custom_fit"
 
@@ -102,10 +102,3 @@ def state_of(model: Any) -> ModelState:
         state = ModelState(StepDiagnostics(model))
         set_untracked(model, _ATTRIBUTE, state)
     return state
-
-
-def running_fit(model: Any) -> LoopCall | None:
-    """The innermost custom_fit ``fit`` running on ``model`` now, or ``None`` (no ``fit``, or Keras' own)."""
-    state: ModelState | None = vars(model).get(_ATTRIBUTE)
-    fits = [call for call in state.loop_calls if call.kind == "fit"] if state is not None else []
-    return fits[-1] if fits else None

@@ -313,29 +313,41 @@ def test_custom_fit_changes_keras_and_user_objects_only_while_its_calls_run():
 
 
 @pytest.mark.keras2
-def test_plain_tf_keras_model_sees_keras_own_data_handler():
-    """custom_fit replaces tf_keras' ``get_data_handler`` only while a custom_fit model's fit/evaluate/predict run."""
+def test_no_tf_keras_module_global_is_replaced_while_the_loop_runs():
+    """custom_fit runs the loop on Keras 2 too: tf_keras' ``get_data_handler`` stays its own in every hook."""
     from tf_keras.src.engine import data_adapter
 
     keras_own = data_adapter.get_data_handler
-    seen = {}
+    seen = []
 
-    def recorder(name):
-        return keras.callbacks.LambdaCallback(
-            on_train_begin=lambda logs: seen.update({name: data_adapter.get_data_handler})
-        )
+    class Recorder(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            seen.append(("fit", data_adapter.get_data_handler is keras_own))
+
+        def on_test_batch_begin(self, batch, logs=None):
+            seen.append(("evaluate", data_adapter.get_data_handler is keras_own))
+
+        def on_predict_batch_begin(self, batch, logs=None):
+            seen.append(("predict", data_adapter.get_data_handler is keras_own))
 
     x, y = np.ones((8, 4), "float32"), np.zeros((8, 1), "float32")
-    for base in (custom_fit.CustomModel, keras.Model):
-        model = (
-            small_model()
-            if base is custom_fit.CustomModel
-            else keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-        )
-        model.compile(optimizer="sgd", loss="mse")
-        model.fit(x, y, epochs=1, verbose=0, callbacks=[recorder(base.__name__)])
-        model.evaluate(x, y, verbose=0)
-        model.predict(x, verbose=0)
-        assert data_adapter.get_data_handler is keras_own
-    assert seen["CustomModel"] is not keras_own, "custom_fit's wrapper is in place during its own fit"
-    assert seen["Model"] is keras_own
+    model = small_model()
+    model.compile(optimizer="sgd", loss="mse")
+    model.fit(x, y, batch_size=4, verbose=0, validation_data=(x, y), callbacks=[Recorder()])
+    model.evaluate(x, y, batch_size=4, verbose=0, callbacks=[Recorder()])
+    model.predict(x, batch_size=4, verbose=0, callbacks=[Recorder()])
+    assert sorted(set(seen)) == [("evaluate", True), ("fit", True), ("predict", True)]
+
+
+@pytest.mark.keras2
+def test_keras_2_array_pipelines_run_without_tf_data_autotuning():
+    """The loop builds tf_keras' data handler and turns autotuning off on arrays (a user's dataset keeps its own)."""
+    from custom_fit._compat.keras2_loop import EpochIterator
+
+    model = small_model()
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.ones((8, 4), "float32"), np.zeros((8, 1), "float32")
+    arrays = EpochIterator(model, plan=lambda remaining: 1, x=x, y=y, batch_size=4)
+    assert arrays._handler._dataset.options().autotune.enabled is False
+    dataset = EpochIterator(model, plan=lambda remaining: 1, x=tf.data.Dataset.from_tensor_slices((x, y)).batch(4))
+    assert dataset._handler._dataset.options().autotune.enabled is not False

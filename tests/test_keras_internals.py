@@ -264,10 +264,6 @@ EXTENSION_POINTS = {
         "public: hands each member its variables for the member's own finalize_variable_values"
     ),
     "custom_fit._optimizers.NamedOptimizers.from_config": "public serialization of the group",
-    "custom_fit._trainer.step_functions.StepFunctions.fit": (
-        "calls Keras 2's fit (super) unchanged, recording the running call around it; Loop.fit replaces it on Keras 3"
-    ),
-    "custom_fit._trainer.step_functions._ProgressReporter": "a Callback: public hooks (on_epoch_begin, on_epoch_end)",
     "custom_fit._compat.keras3._LoggedValuesList.result": "Metric.result, the public metric API",
     "custom_fit._compat.common.CountingCall.__call__": "Regularizer.__call__, the public regularizer API",
     "custom_fit._compat.keras2.SeedGenerator.__init__": "a Layer's constructor",
@@ -282,7 +278,7 @@ if custom_fit.KERAS_2:
 def _custom_fit_classes() -> list[type]:
     names = [m.name for m in pkgutil.iter_modules(custom_fit.__path__)]
     modules = [importlib.import_module(f"custom_fit.{name}") for name in names]
-    own = ["keras2"] if custom_fit.KERAS_2 else ["keras3", "keras3_only"]
+    own = ["keras2", "keras2_loop"] if custom_fit.KERAS_2 else ["keras3", "keras3_only"]
     modules += [importlib.import_module(f"custom_fit._compat.{name}") for name in own]
     classes = {cls for module in modules for cls in vars(module).values() if inspect.isclass(cls)}
     return [cls for cls in classes if cls.__module__.startswith("custom_fit") and any(map(_is_keras, cls.__mro__))]

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 import custom_fit
-from custom_fit import _compat
 from custom_fit._compat import keras
 from custom_fit._trainer.progress import EpochPosition, Progress, hand_to_callbacks
 
@@ -79,11 +78,11 @@ def test_fit_hands_its_progress_to_callbacks_and_moves_it_along(as_list: bool) -
     assert recorder.progress is not None and not recorder.progress.running  # fit returned
     ends = [state for hook, state in recorder.states if hook.startswith("end")]
     assert [(state["epoch"], state["step"]) for state in ends] == [(1, 0), (2, 0)]
-    if _compat.version.RESUMES_MID_EPOCH:  # Keras 3: the loop tells the progress each step
-        batches = [(state["epoch"], state["step"]) for hook, state in recorder.states if hook.startswith("batch")]
-        assert batches == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
-    if not as_list:  # Keras 2 put its reporter into the user's list while fit ran, and took it out
-        assert callbacks.callbacks[0] is recorder
+    batches = [(state["epoch"], state["step"]) for hook, state in recorder.states if hook.startswith("batch")]
+    assert batches == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]  # the loop tells the progress each step
+    if not as_list:  # the user's list is left as it was
+        assert callbacks.callbacks == [recorder, *callbacks.callbacks[1:]]
+        assert not any(type(c).__name__ == "_ProgressReporter" for c in callbacks.callbacks)
 
 
 def test_hand_to_callbacks_takes_a_list_a_callback_list_one_callback_or_none() -> None:
@@ -97,10 +96,10 @@ def test_hand_to_callbacks_takes_a_list_a_callback_list_one_callback_or_none() -
 
 
 def test_fit_takes_its_arguments_by_position_also_where_keras_model_is_replaced(monkeypatch: Any) -> None:
-    """Keras 2's fit binds its arguments to tf_keras' own fit, not to whatever ``tf_keras.Model`` names now.
+    """``fit`` takes Keras' arguments by position, also where ``tf_keras.Model`` names ``CustomModel``.
 
     tf_keras' own tests, run with ``CustomModel`` swapped in for ``tf_keras.Model`` (``make keras2-peer``),
-    replace the module's ``Model``; the arguments must still reach tf_keras' fit, callbacks by position.
+    replace the module's ``Model``; the arguments must still reach the loop, callbacks by position.
     """
     model = _model()
     recorder = _Recorder()

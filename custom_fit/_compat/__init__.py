@@ -47,14 +47,21 @@ internals.check_installed("tf_keras" if KERAS_2 else "keras")
 # type checkers see a class and a module; everything else is read from `version`.
 if KERAS_2:
     from custom_fit._compat import keras2 as _module
+    from custom_fit._compat import keras2_loop as _loop
     from custom_fit._compat.keras2 import TrainerHooks, keras
 else:
     from custom_fit._compat import keras3 as _module
+    from custom_fit._compat import keras3_only as _loop
     from custom_fit._compat.keras3 import TrainerHooks, keras
 
 #: The version module in use (:mod:`~custom_fit._compat.keras3` or :mod:`~custom_fit._compat.keras2`),
 #: typed as the contract, so that callers see the contract's signatures rather than one Keras' own.
 version: contract.KerasVersion = _module
+
+#: The version's pieces of custom_fit's ``fit``/``evaluate``/``predict`` loop
+#: (:mod:`~custom_fit._compat.keras3_only` or :mod:`~custom_fit._compat.keras2_loop`), typed as
+#: :class:`~custom_fit._compat.contract.LoopParts`: one loop runs on both Kerases.
+loop: contract.LoopParts = _loop
 
 if _TYPE_CHECKING:
     from custom_fit._compat import keras3_only  # noqa: F401  # `_compat.keras3_only` for mypy; see __getattr__
@@ -78,5 +85,6 @@ __all__ = [
     "KERAS_2",  # the choice between the version modules, made here once
     "TrainerHooks",  # a base class of CustomModel: a class to type checkers, not a contract property
     "keras",  # the Keras module in use: a module to type checkers (`keras.Model` in annotations)
+    "loop",  # the version's pieces of the one fit/evaluate/predict loop, typed as contract.LoopParts
     "version",  # the version module in use, typed as custom_fit._compat.contract.KerasVersion
 ]

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from custom_fit._compat.common import CountingCall, UntrackedVariable
 
-__all__ = ["KerasObject", "KerasVersion"]
+__all__ = ["KerasObject", "KerasVersion", "LoopParts"]
 
 #: A Keras model, layer, optimizer or tensor (Keras ships no types).
 KerasObject: TypeAlias = Any
@@ -51,16 +51,11 @@ class KerasVersion(Protocol):
     GROUP_COMPILE_KWARGS: dict[str, Any]
     #: The weights file of a ``custom_fit.BackupAndRestore`` backup.
     BACKUP_WEIGHTS_FILE: str
-    #: Whether ``custom_fit.BackupAndRestore`` can resume in the middle of an epoch (Keras 3).
-    RESUMES_MID_EPOCH: bool
     #: Whether ``custom_fit.BackupAndRestore`` can resume only a custom_fit model (Keras 2: tf_keras'
     #: ``fit`` asks the model where to start; Keras 3 reads the callback's initial epoch).
     RESUMES_ONLY_CUSTOM_FIT_MODELS: bool
     #: Whether Keras gives models its own ``compiled_loss`` / ``compiled_metrics`` (Keras 2).
     HAS_COMPILED_LOSS_ATTRIBUTES: bool
-    #: Whether ``CustomModel`` runs custom_fit's ``fit``/``evaluate``/``predict`` loop (Keras 3)
-    #: rather than Keras' own (Keras 2: tf_keras' loop, steered through its data handler).
-    RUNS_OWN_LOOP: bool
 
     # -- classes and the module (read-only: a module's classes are not assignable) --
 
@@ -212,8 +207,107 @@ class KerasVersion(Protocol):
         """Uniform numbers in ``[0, 1)``; ``seed`` is an ``int`` or a :meth:`SeedGenerator`."""
 
 
+class LoopParts(Protocol):
+    """What custom_fit's ``fit``/``evaluate``/``predict`` loop reads from the Keras in use.
+
+    :class:`custom_fit._trainer.loop.Loop` is one loop for both Kerases; these
+    are the pieces where Keras 3 (:mod:`custom_fit._compat.keras3_only`) and
+    Keras 2 (:mod:`custom_fit._compat.keras2_loop`) differ: the epoch iterator
+    over each Keras' data adapters, the checks each Keras makes when a call
+    begins, how an execution is run, and how logs and predictions are made.
+    ``method`` is ``"fit"``, ``"evaluate"`` or ``"predict"``.
+    """
+
+    #: The keyword ``fit`` passes to ``evaluate`` for its validation (reuse the validation epoch iterator).
+    FIT_VALIDATION_KWARGS: dict[str, Any]
+
+    def epoch_iterator(self, model: KerasObject, **kwargs: Any) -> Any:
+        """The epoch iterator of a call: ``plan``, ``position``, the data arguments, ``predicting``.
+
+        Iterating it runs one epoch, ``(first step, steps, execution)`` per
+        execution; it has ``num_batches``, ``exhausted``, ``reset()``,
+        ``catch_stop_iteration()``, ``epochs_done()`` and ``close()``.
+        """
+
+    def begin_call(
+        self, model: KerasObject, method: str, verbose: Any, x: Any = None, sample_weight: Any = None
+    ) -> Any:
+        """Keras' checks when a call begins (``compile()`` called, ...); returns the verbosity to use."""
+
+    def data_options(self, kwargs: dict[str, Any], method: str) -> dict[str, Any]:
+        """Takes this Keras' data-loading keywords out of ``kwargs``; raises, as Keras does, on any other."""
+
+    def call_scope(self, model: KerasObject, method: str) -> contextlib.AbstractContextManager[Any]:
+        """What the whole call runs in (Keras 2: the strategy's scope)."""
+
+    def callback_list(self, lazy: Any, callbacks: Any, **kwargs: Any) -> Any:
+        """The ``CallbackList`` a call makes when it is not given one (``lazy``: custom_fit's, where it applies)."""
+
+    def fixed_steps_per_execution(self, model: KerasObject, recorded: int) -> int:
+        """``compile(steps_per_execution=N)``'s ``N`` (``recorded``: what custom_fit's setter recorded)."""
+
+    def steps_per_execution(self, model: KerasObject, steps: int) -> Any:
+        """What ``model.steps_per_execution`` reads, given the number of steps the loop fuses now."""
+
+    def set_steps_per_execution(self, model: KerasObject, value: int) -> None:
+        """What ``model.steps_per_execution = value`` does beyond the loop's record of it."""
+
+    def reset_counter(self, model: KerasObject, kind: str) -> None:
+        """Sets the call's step counter to 0 where Keras keeps one."""
+
+    def run_execution(self, function: Callable[[Any], Any], execution: Any) -> Any:
+        """Runs the train or test function on one execution; returns its logs."""
+
+    def run_prediction(self, function: Callable[[Any], Any], execution: Any) -> Any:
+        """Runs the predict function on one execution; returns its outputs."""
+
+    def capped_epochs(self, epochs: int) -> int:
+        """``epochs``, or fewer where Keras caps them."""
+
+    def train_validation_split(self, arrays: tuple[Any, ...], validation_split: float) -> tuple[tuple[Any, ...], Any]:
+        """``fit(validation_split=...)``'s split of the arrays."""
+
+    def has_validation_data(self, validation_data: Any) -> bool:
+        """Whether ``fit`` validates on ``validation_data``."""
+
+    def build_before_loop(self, model: KerasObject, epoch_iterator: Any) -> None:
+        """Builds what a first batch builds, before the loop runs (Keras 3)."""
+
+    def build_compiled_state(self, model: KerasObject, element_spec: Any) -> None:
+        """Creates the compiled loss' and metrics' variables from the data's spec (no batch is read)."""
+
+    def first_epoch(self, model: KerasObject, initial_epoch: int, epoch_iterator: Any) -> int:
+        """Where ``fit`` starts when custom_fit's progress does not say: Keras' own backup, else ``initial_epoch``."""
+
+    def epoch_logs(self, model: KerasObject, logs: Any, *, returned: bool) -> Any:
+        """The epoch's (or evaluation's) logs from the last execution's ``logs`` and the metrics."""
+
+    def validates_after(self, model: KerasObject, epoch: int, validation_freq: Any) -> bool:
+        """Whether ``fit`` validates after ``epoch``."""
+
+    def pop_fit_validation(self, kwargs: dict[str, Any]) -> bool:
+        """Removes :attr:`FIT_VALIDATION_KWARGS`' keyword from ``evaluate``'s ``kwargs``: whether ``fit`` validates."""
+
+    def evaluation_logs(self, logs: dict[str, Any]) -> dict[str, Any]:
+        """What ``evaluate`` returns for the metrics' results."""
+
+    def flat_logs(self, model: KerasObject, logs: Any) -> Any:
+        """``evaluate``'s result without ``return_dict``."""
+
+    def batch_end_step(self, first: int, steps: int) -> int:
+        """The step passed to ``on_*_batch_end`` for an execution of ``steps`` steps from ``first``."""
+
+    def concat_predictions(self, outputs: list[Any]) -> Any:
+        """The executions' outputs of ``predict`` joined along the batch axis, as NumPy."""
+
+
 if TYPE_CHECKING:  # type checkers check that both version modules implement the contract
     from custom_fit._compat import keras2, keras3
 
     _keras3: KerasVersion = keras3
     _keras2: KerasVersion = keras2
+
+    from custom_fit._compat import keras2_loop, keras3_only
+
+    _keras3_loop: LoopParts = keras3_only
+    _keras2_loop: LoopParts = keras2_loop

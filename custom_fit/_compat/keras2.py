@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 import tf_keras as keras
-from tf_keras.src.engine import data_adapter as _data_adapter
 from tf_keras.src.engine import functional as _functional
 from tf_keras.src.engine import training as _training
 from tf_keras.src.mixed_precision import loss_scale_optimizer as _lso
@@ -37,17 +36,14 @@ from tf_keras.src.optimizers.legacy import optimizer_v2 as _optimizer_v2
 from tf_keras.src.saving import object_registration as _registration
 from tf_keras.src.utils import losses_utils as _losses_utils
 
-from custom_fit._compat import common
 from custom_fit._compat.common import (
     CountingCall,
     UntrackedVariable,
-    dataset_without_autotuning,
     explain_xla_errors,
     find_untracked_variables,
     loss_scaling,
     marks_built_if_complete,
     not_compiled_error,
-    report_execution,
     shared_while_inside,
     sharing_registered_names,
     skippable_aggregation,
@@ -62,9 +58,7 @@ __all__ = [
     "KERAS_VERSION",
     "OPTIMIZER_CLASSES",
     "OPTIMIZER_GROUP_KWARGS",
-    "RESUMES_MID_EPOCH",
     "RESUMES_ONLY_CUSTOM_FIT_MODELS",
-    "RUNS_OWN_LOOP",
     "SAVES_UNCONFIGURABLE_MODELS",
     "STEP_UPDATES_LOSS_TRACKER",
     "Functional",
@@ -115,17 +109,11 @@ KERAS_VERSION: str = f"tf_keras {keras.__version__}"
 #: Keras 2's compiled loss updates the ``loss`` tracker when called, so the step does not.
 STEP_UPDATES_LOSS_TRACKER = False
 
-#: tf_keras' data handler cannot start an epoch after the batches already trained.
-RESUMES_MID_EPOCH = False
-
-#: tf_keras' ``fit`` asks the model where to start (``TrainerHooks._maybe_load_initial_counters_from_ckpt``).
+#: A plain tf_keras model runs tf_keras' loop, which custom_fit's progress cannot start mid-way.
 RESUMES_ONLY_CUSTOM_FIT_MODELS = True
 
 #: tf_keras models have Keras' own ``compiled_loss`` / ``compiled_metrics``.
 HAS_COMPILED_LOSS_ATTRIBUTES = True
-
-#: tf_keras' own loop runs (``TrainerHooks.fit`` & co. steer its data handler).
-RUNS_OWN_LOOP = False
 
 #: tf_keras saves a subclassed model it cannot configure, with an empty config (``load_model`` then fails).
 SAVES_UNCONFIGURABLE_MODELS = True
@@ -318,24 +306,7 @@ def make_step_function(
         function = tf.function(function, reduce_retracing=True)
         if training:
             model.train_tf_function = function
-    if tuner is not None and training:
-        function = _tuned(model, function, tuner)
     return explain_xla_errors(model, function)
-
-
-def _tuned(model: Any, function: Callable[[Any], Any], tuner: Any) -> Callable[[Any], Any]:
-    """``function`` reporting each execution to ``tuner`` and running its choice next."""
-
-    def tuned_function(iterator: Any) -> Any:
-        steps = int(model._steps_per_execution.numpy())
-        logs = function(iterator)
-        report_execution(tuner, steps, logs, iterator)
-        # Data of unknown length: one step per execution (see `_may_run_dry`).
-        remaining = None if getattr(model, "_custom_fit_data_may_run_dry", False) else tuner.steps
-        model._steps_per_execution.assign(tuner.plan(remaining))
-        return logs
-
-    return tuned_function
 
 
 #: ``mark_built_if_complete(model)``: sets ``model.built`` when all its variables exist although it
@@ -678,8 +649,6 @@ if TYPE_CHECKING:
 
         def _updated_config(self) -> dict[str, Any]: ...
 
-        def _maybe_load_initial_counters_from_ckpt(self, steps_per_epoch: int, initial_epoch: int) -> int: ...
-
         def _get_optimizer(self, optimizer: Any) -> Any: ...
 
 else:
@@ -697,23 +666,6 @@ class TrainerHooks(_TrainerHost):
         config: dict[str, Any] = super()._updated_config()
         config["class_name"] = keras.saving.get_registered_name(type(self))
         return config
-
-    @functools.wraps(keras.Model.fit)
-    def fit(self, *args: Any, **kwargs: Any) -> Any:
-        self._require_compiled("fit")
-        with _arrays_without_autotuning(_data_adapter):
-            return super().fit(*args, **kwargs)
-
-    @functools.wraps(keras.Model.evaluate)
-    def evaluate(self, *args: Any, **kwargs: Any) -> Any:
-        self._require_compiled("evaluate")
-        with _arrays_without_autotuning(_data_adapter):
-            return super().evaluate(*args, **kwargs)
-
-    @functools.wraps(keras.Model.predict)
-    def predict(self, *args: Any, **kwargs: Any) -> Any:
-        with _arrays_without_autotuning(_data_adapter):
-            return super().predict(*args, **kwargs)
 
     @functools.wraps(keras.Model.train_on_batch)
     def train_on_batch(self, *args: Any, **kwargs: Any) -> Any:
@@ -746,84 +698,9 @@ class TrainerHooks(_TrainerHost):
             return copy.deepcopy(_functional.get_network_config(self, config=base))
         return super().get_config()
 
-    def _maybe_load_initial_counters_from_ckpt(self, steps_per_epoch: int, initial_epoch: int) -> Any:
-        # tf_keras' fit asks this after `on_train_begin` where to start; its own BackupAndRestore
-        # answers through a multi-worker training state, custom_fit's through the fit's progress.
-        progress = self._fit_progress()
-        if progress is not None and progress.loaded:
-            return progress.first_epoch(initial_epoch), 0
-        return super()._maybe_load_initial_counters_from_ckpt(steps_per_epoch, initial_epoch)
-
-    def _fit_progress(self) -> Any:
-        """The running ``fit``'s :class:`~custom_fit._trainer.progress.Progress` (``StepFunctions`` knows it)."""
-        return None
-
     def _get_optimizer(self, optimizer: Any) -> Any:
         # Keras 2 wraps every compiled optimizer in a LossScaleOptimizer under
         # mixed_float16; a group of named optimizers wraps its members instead.
         if optimizer is None or getattr(optimizer, "is_optimizer_group", False):
             return optimizer  # None: a subclass compile() that manages its own optimizers
         return super()._get_optimizer(optimizer)
-
-
-# --------------------------------------------------------------------------
-# Data
-# --------------------------------------------------------------------------
-
-
-def _install_data_handler(module: Any) -> Callable[..., Any]:
-    """Puts :func:`_get_data_handler` in the place of tf_keras' ``get_data_handler``; returns Keras' own."""
-    keras_get_data_handler: Callable[..., Any] = module.get_data_handler
-
-    def _get_data_handler(*args: Any, **kwargs: Any) -> Any:
-        model: Any = kwargs.get("model")
-        tuner = getattr(model, "steps_tuner", None) if isinstance(model, TrainerHooks) else None
-        if tuner is not None:
-            # tf_keras refuses more than one step per execution on data of unknown length.
-            model._steps_per_execution.assign(1)
-        handler = keras_get_data_handler(*args, **kwargs)
-        if isinstance(model, TrainerHooks) and isinstance(
-            getattr(handler, "_adapter", None), _data_adapter.TensorLikeDataAdapter
-        ):
-            handler._dataset = dataset_without_autotuning(handler._dataset)
-        if tuner is not None:
-            may_run_dry = _may_run_dry(handler)
-            if "class_weight" in kwargs:  # fit's training data (no other data handler takes class weights)
-                common.set_untracked(model, "_custom_fit_data_may_run_dry", may_run_dry)
-            if not may_run_dry:
-                model._steps_per_execution.assign(tuner.steps)
-        return handler
-
-    module.get_data_handler = _get_data_handler
-    return keras_get_data_handler
-
-
-def _may_run_dry(handler: Any) -> bool:
-    """Whether the data of tf_keras' ``handler`` has a length nobody knows in advance (it may end any time).
-
-    With one step per execution, tf_keras' execution that finds such data
-    exhausted still counts an optimizer iteration; a fused one raises in its
-    loop body, and tf_keras then takes the steps counted before it for the
-    epoch's length. ``steps_per_execution="auto"`` runs one step per execution
-    on it, so that it trains as ``steps_per_execution=1`` does.
-    """
-    if handler._adapter.get_size() is not None:
-        return False
-    dataset = handler._dataset
-    return not (isinstance(dataset, tf.data.Dataset) and dataset.cardinality() == tf.data.INFINITE_CARDINALITY)
-
-
-def _restore_data_handler(module: Any, keras_get_data_handler: Callable[..., Any]) -> None:
-    module.get_data_handler = keras_get_data_handler
-
-
-#: ``with _arrays_without_autotuning(data_adapter):`` -- tf_keras' ``get_data_handler``, but for a custom_fit
-#: model's arrays without tf.data autotuning (why:
-#: :func:`custom_fit._compat.common.dataset_without_autotuning`). tf_keras builds the pipeline of
-#: ``fit``, ``evaluate`` and ``predict`` inside those methods, where no ``Model`` method sees
-#: it, so :class:`TrainerHooks` puts a wrapper in the place of the function they call
-#: (``data_adapter.get_data_handler``) while a custom_fit model's ``fit``, ``evaluate`` or
-#: ``predict`` runs, and Keras' own back when it returns. For a model that is not a custom_fit
-#: model (another thread's), and for data other than arrays and tensors, the wrapper returns
-#: what tf_keras' own returns.
-_arrays_without_autotuning = shared_while_inside(_install_data_handler, _restore_data_handler)

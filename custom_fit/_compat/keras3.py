@@ -51,9 +51,7 @@ __all__ = [
     "KERAS_VERSION",
     "OPTIMIZER_CLASSES",
     "OPTIMIZER_GROUP_KWARGS",
-    "RESUMES_MID_EPOCH",
     "RESUMES_ONLY_CUSTOM_FIT_MODELS",
-    "RUNS_OWN_LOOP",
     "SAVES_UNCONFIGURABLE_MODELS",
     "STEP_UPDATES_LOSS_TRACKER",
     "Functional",
@@ -108,17 +106,11 @@ _STEPS_ON_A_FETCHED_BATCH = keras3_only.VERSION >= (3, 16)
 #: Keras 3's steps add the loss to the ``loss`` tracker themselves (``compute_loss`` does not).
 STEP_UPDATES_LOSS_TRACKER = True
 
-#: custom_fit steers Keras 3's epoch iterator, so a backup may resume at any step.
-RESUMES_MID_EPOCH = True
-
 #: Keras 3's ``fit`` starts at the initial epoch ``BackupAndRestore`` sets, whatever the model.
 RESUMES_ONLY_CUSTOM_FIT_MODELS = False
 
 #: Keras 3 has no ``compiled_loss`` / ``compiled_metrics``; ``custom_fit.CompiledLoss`` adds them.
 HAS_COMPILED_LOSS_ATTRIBUTES = False
-
-#: ``CustomModel`` runs custom_fit's loop (``custom_fit._trainer.loop.Loop``), built on Keras 3's epoch iterator.
-RUNS_OWN_LOOP = True
 
 #: What ``compile`` and ``minimize`` take as an optimizer.
 OPTIMIZER_CLASSES: tuple[type, ...] = (keras.optimizers.Optimizer,)

@@ -7,15 +7,16 @@ generator states (:mod:`custom_fit._extra_state`). Others are the parts of
 Keras 3's ``fit`` loop that the loop custom_fit owns (:mod:`custom_fit._trainer.loop`)
 builds on: the epoch iterator (tuned step fusion, exact resume, array
 pipelines without tf.data autotuning), the validation split, joining
-``predict``'s batches. On Keras 2, tf_keras' own loop runs (steered from
-``_compat/keras2.py``). Importing this module loads Keras 3, so only
-Keras-3-only code paths import it.
+``predict``'s batches (:class:`custom_fit._compat.contract.LoopParts`; Keras 2's
+are :mod:`custom_fit._compat.keras2_loop`). Importing this module loads
+Keras 3, so only Keras-3-only code paths import it.
 
 Nothing in this module is public API.
 """
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
@@ -40,21 +41,32 @@ __all__ = [
     "EpochIterator",
     "Execution",
     "aggregate_additional_loss",
-    "assert_compiled",
     "batch_end_step",
+    "begin_call",
     "build_before_loop",
     "build_compiled_state",
+    "call_scope",
+    "callback_list",
     "capped_epochs",
     "compiled_loss_trackers",
     "compiled_loss_value",
     "concat_predictions",
     "data_epoch",
+    "data_options",
+    "epoch_iterator",
     "epoch_logs",
     "evaluation_logs",
     "first_epoch",
+    "fixed_steps_per_execution",
     "flat_logs",
+    "has_validation_data",
     "pop_fit_validation",
+    "reset_counter",
+    "run_execution",
+    "run_prediction",
     "seed_generator_states",
+    "set_steps_per_execution",
+    "steps_per_execution",
     "sum_losses",
     "train_validation_split",
     "validates_after",
@@ -198,6 +210,14 @@ class EpochIterator(_TFEpochIterator):
             position.adapter = adapter
             position.read_data_epoch = lambda: data_epoch(adapter)
             position.records_hooks = isinstance(adapter, _PyDatasetAdapter) and _has_own_epoch_hooks(adapter.py_dataset)
+
+    @property
+    def exhausted(self) -> bool:
+        """``False``: Keras 3 goes on with the epochs after the data ran out (they run no step)."""
+        return False
+
+    def epochs_done(self) -> None:
+        """Nothing: each epoch of the data ends in :meth:`_enumerate_iterator`."""
 
     def close(self) -> None:
         """Stops reading the data: closes the epoch's loop and drops the data iterators it holds.
@@ -356,9 +376,87 @@ def pop_fit_validation(kwargs: dict[str, Any]) -> bool:
     return bool(kwargs.pop("_use_cached_eval_dataset", False))
 
 
-def assert_compiled(model: keras.Model, method_name: str) -> None:
-    """Raises when ``compile()`` was not called (``Trainer._assert_compile_called``; TrainerHooks' message)."""
-    model._assert_compile_called(method_name)
+def begin_call(model: keras.Model, method: str, verbose: Any, x: Any = None, sample_weight: Any = None) -> Any:
+    """Raises where ``fit``/``evaluate`` run before ``compile()`` (``Trainer._assert_compile_called``); ``verbose``."""
+    if method != "predict":
+        model._assert_compile_called(method)
+    return verbose
+
+
+def data_options(kwargs: dict[str, Any], method: str) -> dict[str, Any]:
+    """Keras 3 has no data-loading keywords (tf_keras' ``workers`` & co.): any keyword left is an error, as in Keras.
+
+    Raises:
+        TypeError: ``fit`` or ``predict`` received an unknown keyword.
+        ValueError: ``evaluate`` did (Keras' message).
+    """
+    if kwargs:
+        if method == "evaluate":
+            raise ValueError(f"Arguments not recognized: {kwargs}")
+        raise TypeError(f"{method}() got an unexpected keyword argument {next(iter(kwargs))!r}")
+    return {}
+
+
+def call_scope(model: keras.Model, method: str) -> Any:
+    """Nothing to enter: Keras 3 enters the strategy's scope where it builds."""
+    return contextlib.nullcontext()
+
+
+def epoch_iterator(model: keras.Model, **kwargs: Any) -> EpochIterator:
+    """The :class:`EpochIterator` of a ``fit``, ``evaluate`` or ``predict`` call on ``model``'s strategy."""
+    kwargs.pop("predicting", None)
+    kwargs.pop("initial_epoch", None)  # Keras 3 builds the same pipeline for every epoch
+    kwargs.pop("epochs", None)
+    return EpochIterator(distribute_strategy=model.distribute_strategy, **kwargs)
+
+
+def callback_list(lazy: Any, callbacks: Any, **kwargs: Any) -> Any:
+    """``lazy`` (custom_fit's list without a host wait per step) where given, else Keras' ``CallbackList``."""
+    return (lazy or keras.callbacks.CallbackList)(callbacks, **kwargs)
+
+
+def fixed_steps_per_execution(model: keras.Model, recorded: int) -> int:
+    """``compile(steps_per_execution=N)``'s ``N``: ``recorded`` (Keras sets ``model.steps_per_execution``)."""
+    return recorded
+
+
+def steps_per_execution(model: keras.Model, steps: int) -> int:
+    """What ``model.steps_per_execution`` reads: ``steps`` (the fixed number, or the tuner's in ``fit``)."""
+    return steps
+
+
+def set_steps_per_execution(model: keras.Model, value: int) -> None:
+    """Nothing more than the loop records: Keras 3 keeps the number in the attribute."""
+
+
+def reset_counter(model: keras.Model, kind: str) -> None:
+    """Nothing: Keras 3 keeps no step counters."""
+
+
+def run_execution(function: Callable[[Any], Any], execution: Execution) -> Any:
+    """Runs a train or test function (it takes the execution) on one execution."""
+    return function(execution)
+
+
+def run_prediction(function: Callable[[Any], Any], execution: Execution) -> Any:
+    """Runs the predict function on the batches of one execution: up to ``execution.steps``, fewer where the data ends.
+
+    Raises ``StopIteration`` (which the epoch iterator catches) when no batch is left.
+    """
+    batches: list[Any] = []
+    for _ in range(execution.steps):
+        try:
+            batches.append(next(execution.iterator))
+        except (StopIteration, tf.errors.OutOfRangeError):
+            if batches:
+                break
+            raise
+    return function(batches)
+
+
+def has_validation_data(validation_data: Any) -> bool:
+    """Whether ``fit`` validates: ``validation_data`` is given."""
+    return validation_data is not None
 
 
 def build_before_loop(model: keras.Model, epoch_iterator: Any) -> None:
@@ -366,14 +464,17 @@ def build_before_loop(model: keras.Model, epoch_iterator: Any) -> None:
     model._maybe_symbolic_build(iterator=epoch_iterator)
 
 
-def first_epoch(model: keras.Model, initial_epoch: int) -> int:
+def first_epoch(model: keras.Model, initial_epoch: int, epoch_iterator: Any) -> int:
     """Where ``fit`` starts: the epoch a ``BackupAndRestore`` set (``model._initial_epoch``), else ``initial_epoch``."""
     return model._initial_epoch or initial_epoch
 
 
 def epoch_logs(model: keras.Model, logs: Any, *, returned: bool) -> Any:
-    """The metrics' results merged over the last step's ``logs`` (``Trainer._get_metrics_result_or_logs``)."""
-    return model._get_metrics_result_or_logs(logs, returned=returned)
+    """The metrics' results merged over the last step's ``logs`` (``Trainer._get_metrics_result_or_logs``).
+
+    ``logs`` is ``None`` before ``fit``'s first step (Keras starts from ``{}``).
+    """
+    return model._get_metrics_result_or_logs({} if logs is None else logs, returned=returned)
 
 
 def validates_after(model: keras.Model, epoch: int, validation_freq: Any) -> bool:
@@ -396,7 +497,8 @@ def evaluation_logs(logs: dict[str, Any]) -> dict[str, Any]:
     return _python_utils.pythonify_logs(logs) if VERSION >= (3, 14) else logs
 
 
-def concat_predictions(outputs: Any, structure: Any) -> Any:
-    """The batches' outputs of ``predict`` joined along the batch axis (ragged ones too), as NumPy, as in Keras."""
-    joined = keras.tree.map_structure_up_to(structure, _potentially_ragged_concat, outputs)
+def concat_predictions(outputs: list[Any]) -> Any:
+    """The executions' outputs of ``predict`` joined along the batch axis (ragged ones too), as NumPy, as in Keras."""
+    joined = keras.tree.map_structure(lambda *batches: list(batches), *outputs)
+    joined = keras.tree.map_structure_up_to(outputs[0], _potentially_ragged_concat, joined)
     return keras.tree.map_structure(_convert_to_np_if_not_ragged, joined)

@@ -2,16 +2,17 @@
 
 Separation of concerns, in the order one training execution passes through them:
 
-* :mod:`~custom_fit._trainer.loop` (``Loop``, Keras 3) holds ``fit``,
-  ``evaluate`` and ``predict``: custom_fit's copy of Keras' loop. It owns each
-  call's state (a ``LoopCall`` on the model's stack), the order of the
-  callbacks' hooks, validation, and the epoch's logs. Keras 2 runs tf_keras'
-  loop, steered from ``_compat/keras2.py``.
+* :mod:`~custom_fit._trainer.loop` (``Loop``, both Kerases) holds ``fit``,
+  ``evaluate`` and ``predict``: custom_fit's copy of the Keras in use's loop.
+  It owns each call's state (a ``LoopCall`` on the model's stack), the order
+  of the callbacks' hooks, validation, and the epoch's logs; what differs
+  between the Kerases it asks ``_compat.loop``
+  (:class:`custom_fit._compat.contract.LoopParts`).
 * The epoch iterator turns the data into executions: which batches, in which
   order, how many per execution. It is Keras' (``TFEpochIterator`` or
   tf_keras' ``DataHandler``) and reads Keras' private state, so it lives with
-  the version code: :class:`custom_fit._compat.keras3_only.EpochIterator`,
-  whose start the progress sets.
+  the version code: :class:`custom_fit._compat.keras3_only.EpochIterator` and
+  :class:`custom_fit._compat.keras2_loop.EpochIterator`, whose start the progress sets.
 * :mod:`~custom_fit._trainer.step_fusion` is the execution plan: how many steps
   one execution fuses (``compile(steps_per_execution=N or "auto")``). The loop
   asks it before each execution (through the epoch iterator, which knows the
@@ -28,7 +29,7 @@ Separation of concerns, in the order one training execution passes through them:
   (``LazyCallbackList``: no host wait per step where no callback reads the
   logs).
 
-``CustomModel`` inherits the trainer (``Loop`` on Keras 3, ``StepFunctions`` on
-Keras 2) and holds the steps and the override points. Nothing in this package
+``CustomModel`` inherits the trainer (``Loop`` on ``StepFunctions``) and holds
+the steps and the override points. Nothing in this package
 is public API; ``custom_fit.StepsPerExecutionTuner`` is exported by the package.
 """

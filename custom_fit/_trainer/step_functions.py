@@ -11,11 +11,8 @@ The fused, distributed loop itself is :func:`custom_fit._compat.version.make_ste
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
-
-import tensorflow as tf
 
 from custom_fit import _compat
 from custom_fit import _distribution as distribution
@@ -23,8 +20,7 @@ from custom_fit._compat import version
 from custom_fit._compat.common import explain_xla_errors
 from custom_fit._logged_values import flat_logs
 from custom_fit._optimizers import NamedOptimizers, ensure_state
-from custom_fit._state import LoopCall, running_fit, state_of
-from custom_fit._trainer.progress import Progress, hand_to_callbacks
+from custom_fit._state import LoopCall, state_of
 
 __all__ = ["StepFunctions"]
 
@@ -33,38 +29,11 @@ class StepFunctions(_compat.TrainerHooks):
     """Gives ``CustomModel`` the ``make_*_function`` methods Keras' ``fit``/``evaluate``/``predict`` call.
 
     It builds on :class:`custom_fit._compat.TrainerHooks` (the private trainer
-    methods of the Keras in use that custom_fit replaces); on Keras 3,
+    methods of the Keras in use that custom_fit replaces);
     :class:`custom_fit._trainer.loop.Loop` builds on it in turn. Together they are
     ``CustomModel``'s trainer, layered as Keras' own (``TensorFlowTrainer`` on
     ``Trainer``).
     """
-
-    def fit(self, *args: Any, **kwargs: Any) -> Any:
-        # Keras 2: tf_keras' fit, recorded as a running call with its progress (Keras 3's Loop.fit
-        # runs its own). tf_keras' loop moves the progress along through a callback that runs
-        # first (_ProgressReporter); the callbacks that take it get it, as in Keras 3's loop, and
-        # tf_keras asks where to start through _fit_progress.
-        # Bound to the fit this one calls (tf_keras' own, whatever `tf_keras.Model` names later).
-        arguments = inspect.signature(super().fit).bind(*args, **kwargs).arguments
-        progress = Progress(data=None)
-        callbacks = arguments.get("callbacks")
-        hand_to_callbacks(progress, callbacks)
-        reporter = _ProgressReporter(progress)
-        if isinstance(callbacks, _compat.keras.callbacks.CallbackList):
-            callbacks.callbacks.insert(0, reporter)  # the user's list: taken out again when fit ends
-        else:
-            arguments["callbacks"] = [reporter, *tf.nest.flatten(callbacks or [])]
-        try:
-            with self._running(LoopCall("fit", progress=progress)):
-                return super().fit(**arguments)
-        finally:
-            if isinstance(callbacks, _compat.keras.callbacks.CallbackList):
-                callbacks.callbacks.remove(reporter)
-
-    def _fit_progress(self) -> Progress | None:
-        """The progress of the innermost ``fit`` running now (Keras 2: tf_keras asks where to start)."""
-        call = running_fit(self)
-        return call.progress if call is not None else None
 
     @contextlib.contextmanager
     def _running(self, call: LoopCall) -> Iterator[LoopCall]:
@@ -167,32 +136,9 @@ class StepFunctions(_compat.TrainerHooks):
             return self.test_step(data)
 
 
-StepFunctions.fit.__doc__ = _compat.keras.Model.fit.__doc__  # Keras' documentation of the arguments
-
-
 def _steps_per_execution(model: Any) -> int:
     """``model.steps_per_execution`` as a number (Keras 2 keeps a variable, ``None`` before ``compile``)."""
     steps = model.steps_per_execution
     if steps is None:
         return 1
     return int(steps.numpy() if hasattr(steps, "numpy") else steps)  # a MirroredVariable under a strategy
-
-
-class _ProgressReporter(_compat.keras.callbacks.Callback):
-    """Keras 2: moves a ``fit``'s :class:`~custom_fit._trainer.progress.Progress` along tf_keras' loop (runs first).
-
-    tf_keras runs its own loop, so its epochs reach the progress through their
-    hooks; on Keras 3 the loop tells the progress itself. Keras 2 resumes at
-    epochs, so only the epoch hooks are implemented (tf_keras then calls no
-    batch hook for it).
-    """
-
-    def __init__(self, progress: Progress):
-        super().__init__()
-        self.progress = progress
-
-    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-        self.progress.epoch_begins(epoch)
-
-    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-        self.progress.epoch_ends()

@@ -31,11 +31,11 @@ What changes, and what does not:
   :meth:`StepsPerExecutionTuner.plan` with ``remaining=None``);
 * ``model.steps_per_execution`` reads the number fused now (1 until ``fit``
   has tuned it); ``get_compile_config()`` and saved models keep ``"auto"``;
-* on Keras 3 ``evaluate`` and ``predict`` run one step per execution
-  (fusing would change their results: Keras 3.15 runs ``steps_per_execution``
-  batches even when their ``steps`` asks for fewer); on Keras 2 they fuse
-  the tuned number, as tf_keras' own tuner does (its data handler never
-  runs past ``steps``).
+* ``evaluate`` and ``predict`` run one step per execution (fusing would
+  change their results on Keras 3: Keras 3.15 runs ``steps_per_execution``
+  batches even when their ``steps`` asks for fewer); Keras 2 does the same
+  (one loop), where ``model.steps_per_execution`` is tf_keras' variable:
+  the tuned number while ``fit`` runs, 1 again after it.
 """
 
 from __future__ import annotations
