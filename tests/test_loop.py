@@ -1,0 +1,123 @@
+"""The one ``fit``/``evaluate``/``predict`` loop (``custom_fit._trainer.loop``) on both Kerases.
+
+Parity with ``keras.Model`` is ``tests/test_model_parity.py``; resume is
+``tests/test_backup_and_restore.py``. Here: what the loop itself promises on each
+Keras (no module global of tf_keras replaced, array pipelines without tf.data
+autotuning), and its error paths, each compared with plain Keras' (never worse).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow import keras
+
+import custom_fit
+
+X, Y = np.ones((8, 4), "float32"), np.zeros((8, 1), "float32")
+
+
+def small_model(base: type = custom_fit.CustomModel) -> keras.Model:
+    inputs = keras.Input((4,))
+    model = base(inputs, keras.layers.Dense(1)(inputs))
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def _error_of(call: Any) -> BaseException:
+    """The exception ``call()`` raises (fails the test if it raises none)."""
+    try:
+        call()
+    except Exception as error:  # any type: the test compares it with what plain Keras raises
+        return error
+    pytest.fail("no exception raised")
+
+
+@pytest.mark.parametrize("method", ["fit", "evaluate", "predict"], ids=["fit", "evaluate", "predict"])
+def test_an_unknown_keyword_raises_what_keras_raises(method: str) -> None:
+    """Keras 3: ``TypeError`` (fit, predict) or ``ValueError`` (evaluate); Keras 2: ``TypeError``, as each Keras."""
+    arguments: dict[str, Any] = {"x": X, "verbose": 0, "no_such_argument": 1}
+    if method != "predict":
+        arguments["y"] = Y
+    theirs = _error_of(lambda: getattr(small_model(keras.Model), method)(**arguments))
+    ours = _error_of(lambda: getattr(small_model(), method)(**arguments))
+    assert type(ours) is type(theirs)
+    assert "no_such_argument" in str(ours) and "no_such_argument" in str(theirs)
+
+
+def test_fit_and_evaluate_before_compile_name_the_method_and_the_fix() -> None:
+    inputs = keras.Input((4,))
+    model = custom_fit.CustomModel(inputs, keras.layers.Dense(1)(inputs))
+    for method in ("fit", "evaluate"):
+        with pytest.raises(ValueError, match=rf"CustomModel\.{method}\(\) needs a compiled model.*Fix: call"):
+            getattr(model, method)(X, Y, verbose=0)
+
+
+@pytest.mark.keras2
+def test_keras_2_fit_that_runs_no_step_raises_what_tf_keras_raises() -> None:
+    # Of unknown length (filtered), so that the data handler cannot tell it is empty in advance.
+    empty = tf.data.Dataset.from_tensor_slices((X, Y)).filter(lambda x, y: False).batch(2)
+    theirs = _error_of(lambda: small_model(keras.Model).fit(empty, verbose=0))
+    ours = _error_of(lambda: small_model().fit(empty, verbose=0))
+    assert type(ours) is type(theirs) is ValueError
+    assert "Unexpected result of `train_function` (Empty logs)" in str(ours)
+
+
+@pytest.mark.keras2
+def test_keras_2_refuses_parameter_server_coordinators_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = small_model()
+    monkeypatch.setattr(model.distribute_strategy, "_should_use_with_coordinator", True)
+    for method, arguments in (("fit", (X, Y)), ("evaluate", (X, Y)), ("predict", (X,))):
+        with pytest.raises(NotImplementedError, match=rf"ParameterServerStrategy's coordinator in {method}\(\)"):
+            getattr(model, method)(*arguments, verbose=0)
+
+
+@pytest.mark.keras2
+def test_keras_2_data_loading_arguments_are_taken_by_keyword() -> None:
+    """tf_keras' ``max_queue_size``, ``workers`` and ``use_multiprocessing`` reach its data handler."""
+    model = small_model()
+    options = {"max_queue_size": 4, "workers": 1, "use_multiprocessing": False}
+    history = model.fit(X, Y, batch_size=4, epochs=2, verbose=0, validation_data=(X, Y), **options)
+    assert len(history.history["val_loss"]) == 2
+    assert np.isfinite(model.evaluate(X, Y, verbose=0, **options))
+    assert model.predict(X, verbose=0, **options).shape == (8, 1)
+
+
+@pytest.mark.keras2
+def test_no_tf_keras_module_global_is_replaced_while_the_loop_runs():
+    """custom_fit runs the loop on Keras 2 too: tf_keras' ``get_data_handler`` stays its own in every hook."""
+    from tf_keras.src.engine import data_adapter
+
+    keras_own = data_adapter.get_data_handler
+    seen = []
+
+    class Recorder(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            seen.append(("fit", data_adapter.get_data_handler is keras_own))
+
+        def on_test_batch_begin(self, batch, logs=None):
+            seen.append(("evaluate", data_adapter.get_data_handler is keras_own))
+
+        def on_predict_batch_begin(self, batch, logs=None):
+            seen.append(("predict", data_adapter.get_data_handler is keras_own))
+
+    model = small_model()
+    model.fit(X, Y, batch_size=4, verbose=0, validation_data=(X, Y), callbacks=[Recorder()])
+    model.evaluate(X, Y, batch_size=4, verbose=0, callbacks=[Recorder()])
+    model.predict(X, batch_size=4, verbose=0, callbacks=[Recorder()])
+    assert sorted(set(seen)) == [("evaluate", True), ("fit", True), ("predict", True)]
+
+
+@pytest.mark.keras2
+def test_keras_2_array_pipelines_run_without_tf_data_autotuning():
+    """The loop builds tf_keras' data handler and turns autotuning off on arrays (a user's dataset keeps its own)."""
+    from custom_fit._compat.keras2_loop import EpochIterator
+
+    model = small_model()
+    arrays = EpochIterator(model, plan=lambda remaining: 1, x=X, y=Y, batch_size=4)
+    assert arrays._handler._dataset.options().autotune.enabled is False
+    dataset = EpochIterator(model, plan=lambda remaining: 1, x=tf.data.Dataset.from_tensor_slices((X, Y)).batch(4))
+    assert dataset._handler._dataset.options().autotune.enabled is not False
