@@ -121,3 +121,15 @@ def test_keras_2_array_pipelines_run_without_tf_data_autotuning():
     assert arrays._handler._dataset.options().autotune.enabled is False
     dataset = EpochIterator(model, plan=lambda remaining: 1, x=tf.data.Dataset.from_tensor_slices((X, Y)).batch(4))
     assert dataset._handler._dataset.options().autotune.enabled is not False
+
+
+@pytest.mark.keras2
+@pytest.mark.filterwarnings("ignore:`Model.state_updates` will be removed")  # tf_keras' v1 engine, any model
+def test_keras_2_in_a_tf1_graph_runs_tf_keras_v1_engine_as_for_tf_keras_models() -> None:
+    """tf_keras gives models built in a TF1 graph its v1 engine; custom_fit's TF2 loop hands such calls to it."""
+    with tf.Graph().as_default():
+        model = small_model()
+        history = model.fit(X, Y, batch_size=4, epochs=2, verbose=0)
+        assert len(history.history["loss"]) == 2
+        assert np.isfinite(model.evaluate(X, Y, verbose=0))
+        assert model.predict(X, verbose=0).shape == (8, 1)

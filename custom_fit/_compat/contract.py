@@ -229,6 +229,9 @@ class LoopParts(Protocol):
         ``catch_stop_iteration()``, ``epochs_done()`` and ``close()``.
         """
 
+    def in_legacy_graph(self) -> bool:
+        """Whether a TF1 graph is being built, where Keras 2's own v1 engine runs ``fit`` & co."""
+
     def begin_call(
         self, model: KerasObject, method: str, verbose: Any, x: Any = None, sample_weight: Any = None
     ) -> Any:

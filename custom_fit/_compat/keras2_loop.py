@@ -64,6 +64,7 @@ __all__ = [
     "fixed_steps_per_execution",
     "flat_logs",
     "has_validation_data",
+    "in_legacy_graph",
     "pop_fit_validation",
     "reset_counter",
     "run_execution",
@@ -278,6 +279,16 @@ def _may_run_dry(handler: Any) -> bool:
 # --------------------------------------------------------------------------
 # The rest of fit, evaluate and predict (custom_fit._trainer.loop)
 # --------------------------------------------------------------------------
+
+
+def in_legacy_graph() -> bool:
+    """Whether a TF1 graph is being built (``tf.Graph().as_default()``): tf_keras' v1 engine runs ``fit`` there.
+
+    tf_keras gives a model built in such a graph its v1 training engine
+    (``training_v1.Model``) as a base class; custom_fit's loop is TF2's, so
+    ``fit``, ``evaluate`` and ``predict`` hand such calls to it, as before.
+    """
+    return not tf.compat.v1.executing_eagerly_outside_functions()
 
 
 def begin_call(model: Any, method: str, verbose: Any, x: Any = None, sample_weight: Any = None) -> Any:

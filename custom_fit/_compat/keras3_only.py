@@ -60,6 +60,7 @@ __all__ = [
     "fixed_steps_per_execution",
     "flat_logs",
     "has_validation_data",
+    "in_legacy_graph",
     "pop_fit_validation",
     "reset_counter",
     "run_execution",
@@ -374,6 +375,11 @@ FIT_VALIDATION_KWARGS: dict[str, Any] = {"_use_cached_eval_dataset": True}
 def pop_fit_validation(kwargs: dict[str, Any]) -> bool:
     """Removes :data:`FIT_VALIDATION_KWARGS`' keyword from ``evaluate``'s ``kwargs``: whether ``fit`` validates."""
     return bool(kwargs.pop("_use_cached_eval_dataset", False))
+
+
+def in_legacy_graph() -> bool:
+    """``False``: Keras 3 has no TF1 graph engine."""
+    return False
 
 
 def begin_call(model: keras.Model, method: str, verbose: Any, x: Any = None, sample_weight: Any = None) -> Any:

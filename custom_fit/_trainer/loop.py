@@ -116,6 +116,12 @@ class Loop(StepFunctions):
         **kwargs: Any,
     ) -> Any:
         parts = _compat.loop
+        if parts.in_legacy_graph():  # Keras 2 in a TF1 graph: tf_keras' v1 engine runs it, as for tf_keras.Model
+            return super().fit(
+                x, y, batch_size, epochs, verbose, callbacks, validation_split, validation_data, shuffle,
+                class_weight, sample_weight, initial_epoch, steps_per_epoch, validation_steps,
+                validation_batch_size, validation_freq, **kwargs,
+            )  # fmt: skip
         verbose = parts.begin_call(self, "fit", verbose)
         options = parts.data_options(kwargs, "fit")  # Keras 2: max_queue_size, workers, use_multiprocessing
         epochs = parts.capped_epochs(epochs)
@@ -278,6 +284,11 @@ class Loop(StepFunctions):
         **kwargs: Any,
     ) -> Any:
         parts = _compat.loop
+        if parts.in_legacy_graph():  # Keras 2 in a TF1 graph (see fit); the v1 engine has no return_dict
+            return super().evaluate(
+                x=x, y=y, batch_size=batch_size, verbose=verbose, sample_weight=sample_weight, steps=steps,
+                callbacks=callbacks, **({"return_dict": True} if return_dict else {}), **kwargs,
+            )  # fmt: skip
         verbose = parts.begin_call(self, "evaluate", verbose, x, sample_weight)
         use_fit_validation = parts.pop_fit_validation(kwargs)  # fit's validation
         options = parts.data_options(kwargs, "evaluate")  # Keras 2: max_queue_size, workers, use_multiprocessing
@@ -327,6 +338,10 @@ class Loop(StepFunctions):
         **kwargs: Any,
     ) -> Any:
         parts = _compat.loop
+        if parts.in_legacy_graph():  # Keras 2 in a TF1 graph (see fit)
+            return super().predict(
+                x, batch_size=batch_size, verbose=verbose, steps=steps, callbacks=callbacks, **kwargs
+            )
         verbose = parts.begin_call(self, "predict", verbose)
         options = parts.data_options(kwargs, "predict")  # Keras 2: max_queue_size, workers, use_multiprocessing
         with (
