@@ -129,7 +129,7 @@ def test_keras_2_in_a_tf1_graph_runs_tf_keras_v1_engine_as_for_tf_keras_models()
     """tf_keras gives models built in a TF1 graph its v1 engine; custom_fit's TF2 loop hands such calls to it."""
     with tf.Graph().as_default():
         model = small_model()
-        history = model.fit(X, Y, batch_size=4, epochs=2, verbose=0)
-        assert len(history.history["loss"]) == 2
+        history = model.fit(X, Y, batch_size=4, epochs=2, verbose=0, validation_data=(X, Y), validation_freq=[2])
+        assert len(history.history["loss"]) == 2 and len(history.history["val_loss"]) == 1
         assert np.isfinite(model.evaluate(X, Y, verbose=0))
         assert model.predict(X, verbose=0).shape == (8, 1)

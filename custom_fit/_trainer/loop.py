@@ -117,10 +117,14 @@ class Loop(StepFunctions):
     ) -> Any:
         parts = _compat.loop
         if parts.in_legacy_graph():  # Keras 2 in a TF1 graph: tf_keras' v1 engine runs it, as for tf_keras.Model
+            if validation_batch_size is not None:  # the v1 engine has no such argument: it raises, as for tf_keras
+                kwargs["validation_batch_size"] = validation_batch_size
             return super().fit(
-                x, y, batch_size, epochs, verbose, callbacks, validation_split, validation_data, shuffle,
-                class_weight, sample_weight, initial_epoch, steps_per_epoch, validation_steps,
-                validation_batch_size, validation_freq, **kwargs,
+                x=x, y=y, batch_size=batch_size, epochs=epochs, verbose=verbose, callbacks=callbacks,
+                validation_split=validation_split, validation_data=validation_data, shuffle=shuffle,
+                class_weight=class_weight, sample_weight=sample_weight, initial_epoch=initial_epoch,
+                steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
+                validation_freq=validation_freq, **kwargs,
             )  # fmt: skip
         verbose = parts.begin_call(self, "fit", verbose)
         options = parts.data_options(kwargs, "fit")  # Keras 2: max_queue_size, workers, use_multiprocessing
