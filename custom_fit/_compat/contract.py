@@ -136,9 +136,10 @@ class KerasVersion(Protocol):
     ) -> Callable[[Any], Any]:
         """The function ``fit`` (``training=True``) or ``evaluate`` calls on an iterator.
 
-        ``tuner`` (``steps_per_execution="auto"``): where the loop is tf_keras'
-        (Keras 2), the function asks it before and tells it after each
-        execution; custom_fit's own loop (Keras 3) does both itself.
+        ``tuner`` (``steps_per_execution="auto"``): the number of steps may
+        change between executions, so Keras 2's function reads it at each
+        call (Keras 3's takes it with each execution). The loop asks and
+        tells the tuner itself, on both Kerases.
         """
 
     # -- optimizers, distribution, mixed precision ------------------------------------

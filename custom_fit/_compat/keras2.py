@@ -268,13 +268,12 @@ def make_step_function(
     ``model.train_tf_function`` (TensorBoard's graph). ``ParameterServerStrategy``'s
     coordinator is not supported.
 
-    The loop reads ``model._steps_per_execution`` (a variable) when it runs,
-    and tf_keras' data handler reads it before each execution to number the
-    steps. With the model's ``tuner`` (``steps_per_execution="auto"``) the
-    loop is built for a number that changes: each training execution reports
-    what it ran and the next one runs what the tuner chose (set between
-    executions, on the main thread, unlike tf_keras' own tuner); evaluation
-    runs the current choice.
+    The loop reads ``model._steps_per_execution`` (a variable) when it runs;
+    custom_fit's epoch iterator (:class:`custom_fit._compat.keras2_loop.EpochIterator`)
+    sets it before an execution whose number of steps differs from the last
+    one's. With the model's ``tuner`` (``steps_per_execution="auto"``) the
+    function is built for a number that changes (the multi-step loop, also
+    while the number is 1).
     """
     counter = model._train_counter if training else model._test_counter
 

@@ -260,8 +260,9 @@ def make_step_function(
     (:class:`custom_fit._compat.keras3_only.EpochIterator`) hands each
     execution with the number its plan chose (a
     :class:`~custom_fit._compat.keras3_only.Execution`), and the loop tells
-    the plan what ran, so ``tuner`` is not used here (Keras 2's loop, tf_keras',
-    does not tell it). ``train_on_batch`` & co. pass a generator of batches.
+    the plan what ran, so ``tuner`` is not used here (Keras 2's function uses
+    it to choose its multi-step loop). ``train_on_batch`` & co. pass a
+    generator of batches.
     """
     strategy = model.distribute_strategy
 
