@@ -563,8 +563,10 @@ def test_sigkill_between_epochs_resumes_a_keras_io_gan_under_mirrored_strategy(
 # --------------------------------------------------------------------------
 
 
-def _run_until_sigterm(workdir: Path, scenario: str, save_freq: str, after_steps: int) -> tuple[int, str, float]:
-    """Runs ``scenario``, sends SIGTERM after its ``after_steps``-th step; ``(status, stderr, seconds to exit)``."""
+def _run_until_sigterm(
+    workdir: Path, scenario: str, save_freq: str, after_steps: int, send: int = signal.SIGTERM
+) -> tuple[int, str, float]:
+    """Runs ``scenario``, sends ``send`` after its ``after_steps``-th step; ``(status, stderr, seconds to exit)``."""
     command, env = _scenario_command(workdir, scenario, "--save-freq", save_freq), _scenario_environment()
     sent = None
     with (
@@ -576,7 +578,7 @@ def _run_until_sigterm(workdir: Path, scenario: str, save_freq: str, after_steps
         for output in process.stdout:
             steps += output.strip() == "STEP"
             if steps == after_steps and sent is None:
-                process.send_signal(signal.SIGTERM)
+                process.send_signal(send)
                 sent = time.monotonic()
         status = process.wait(timeout=600)
     assert sent is not None, "the run ended before the SIGTERM"
@@ -820,6 +822,16 @@ def test_a_keras_2_cluster_resumes_at_the_step_after_a_sigkill_or_a_sigterm(tmp_
         assert statuses == [0, 0], (runs[name] / "stderr_w0.txt").read_text()[-3000:]
         assert steps == [90 - trained_before] * 2, name  # the restart trains only what was not trained
         _assert_cluster_equals(runs["uninterrupted"], runs[name])
+
+
+@pytest.mark.slow
+@pytest.mark.keras2
+def test_keras_2_sigkill_after_step_6_of_15_resumes_at_step_5(tmp_path: Path, uninterrupted_results: Any) -> None:
+    """Keras 2: a SIGKILL mid-epoch (backups every 5 steps); the restart trains only the 85 steps after the backup."""
+    status, stderr, _ = _run_until_sigterm(tmp_path, "dense_arrays", "5", after_steps=6, send=signal.SIGKILL)
+    assert status == -signal.SIGKILL, stderr[-3000:]
+    assert _steps_of_a_complete_run(tmp_path, "dense_arrays", "5") == 90 - 5  # resumed at epoch 1, step 5
+    assert _max_difference(uninterrupted_results("dense_arrays"), tmp_path / "result.npz") == 0.0
 
 
 @pytest.mark.slow
