@@ -443,23 +443,24 @@ def keras_gradient_order() -> Iterator[None]:
     The transform then gets what the tape returned (loss-scaled under
     ``mixed_float16``) and the optimizer unscales, as in Keras' own step: the
     work the contract adds (unscale, finite check, rescale) is left out.
-    Measurement code only: the module's two functions are swapped back on exit.
+    Measurement code only: ``GradientPath``'s two methods are swapped back on exit.
     """
-    from custom_fit import _gradient_contract as contract
+    from custom_fit._gradient_contract import GradientPath
 
-    saved = contract.true_gradients, contract.hand_over
+    saved = GradientPath.true_gradients, GradientPath.apply
 
-    def as_taped(optimizer: Any, grads_and_vars: Any) -> Any:
-        return grads_and_vars, contract.Handoff(optimizer, None, summed=False)
+    def as_taped(path: GradientPath, grads_and_vars: Any) -> Any:
+        return grads_and_vars  # nothing to undo: not finite-checked, not summed
 
-    def as_is(optimizer: Any, grads_and_vars: Any) -> None:
-        optimizer.apply_gradients(grads_and_vars)
+    def as_is(path: GradientPath, grads_and_vars: Any) -> None:
+        path.used = True
+        path.optimizer.apply_gradients(grads_and_vars)
 
-    contract.true_gradients, contract.hand_over = as_taped, as_is
+    GradientPath.true_gradients, GradientPath.apply = as_taped, as_is  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:
-        contract.true_gradients, contract.hand_over = saved
+        GradientPath.true_gradients, GradientPath.apply = saved  # type: ignore[method-assign]
 
 
 def in_keras_gradient_order(builder: Builder) -> Builder:

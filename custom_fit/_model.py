@@ -248,14 +248,13 @@ class CustomModel(
             loss = version.scale_loss(optimizer, loss)
         gradients = self.compute_gradients(loss, tape, variables)
         grads_and_vars = checks.pair_with_gradients(gradients, variables)
+        path = gradient_contract.GradientPath(optimizer)  # this optimizer's, in this step
         if len(grads_and_vars) < len(variables):
-            # Built on every variable, as Keras builds before it leaves out `None` gradients,
-            # so the optimizer's state does not depend on which gradients exist.
-            optimizers.ensure_state(optimizer, variables)
-        grads_and_vars, handoff = gradient_contract.true_gradients(optimizer, grads_and_vars)
-        with gradient_contract.handing_over(handoff):
+            path.build_state(variables)  # on every variable, as Keras builds before it drops `None` gradients
+        grads_and_vars = path.true_gradients(grads_and_vars)
+        with path.handing_over():
             self.apply_gradients(self.transform_gradients(grads_and_vars), optimizer)
-        gradient_contract.check_handed_over(self, handoff)
+        path.check_handed_over(self)
 
     def compute_gradients(self, loss: tf.Tensor, tape: tf.GradientTape, variables: Sequence[Any]) -> list[Any]:
         """Returns ``d loss / d variable`` for each variable (``None`` if unconnected).
