@@ -19,6 +19,7 @@ import tensorflow as tf
 T = TypeVar("T")
 
 __all__ = [
+    "FIT_VALIDATION_KWARGS",
     "CountingCall",
     "UntrackedVariable",
     "batch_size_of",
@@ -32,6 +33,7 @@ __all__ = [
     "marked_as",
     "marks_built_if_complete",
     "not_compiled_error",
+    "pop_fit_validation",
     "record_compile_option",
     "recording",
     "replica_context_with_peers",
@@ -41,6 +43,7 @@ __all__ = [
     "sharing_registered_names",
     "skippable_aggregation",
     "unbuilt_sub_layers",
+    "validates_after",
     "variable_names_without_model",
 ]
 
@@ -426,3 +429,22 @@ def loss_scaling(loss_scale_optimizer: type, wrap: Callable[[Any], Any]) -> Call
         return twins[optimizer]
 
     return loss_scaled
+
+
+# --------------------------------------------------------------------------
+# Fit's validation: the same on both Kerases' trainers
+# --------------------------------------------------------------------------
+
+#: The keyword ``fit`` passes to ``evaluate`` for its validation: reuse the validation epoch iterator
+#: (Keras 3's and tf_keras' ``fit`` pass the same private keyword).
+FIT_VALIDATION_KWARGS: dict[str, Any] = {"_use_cached_eval_dataset": True}
+
+
+def pop_fit_validation(kwargs: dict[str, Any]) -> bool:
+    """Removes :data:`FIT_VALIDATION_KWARGS`' keyword from ``evaluate``'s ``kwargs``: whether ``fit`` validates."""
+    return bool(kwargs.pop("_use_cached_eval_dataset", False))
+
+
+def validates_after(model: Any, epoch: int, validation_freq: Any) -> bool:
+    """Whether ``fit`` validates after ``epoch`` (``_should_eval``, which both Kerases' trainers define alike)."""
+    return bool(model._should_eval(epoch, validation_freq))

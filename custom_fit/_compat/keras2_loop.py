@@ -41,7 +41,13 @@ from tf_keras.src.engine import training_utils as _training_utils
 from tf_keras.src.utils import tf_utils as _tf_utils
 from tf_keras.src.utils import version_utils as _version_utils
 
-from custom_fit._compat.common import dataset_without_autotuning, not_compiled_error
+from custom_fit._compat.common import (
+    FIT_VALIDATION_KWARGS,
+    dataset_without_autotuning,
+    not_compiled_error,
+    pop_fit_validation,
+    validates_after,
+)
 from custom_fit._compat.keras2 import has_compiled_loss
 
 __all__ = [
@@ -74,9 +80,6 @@ __all__ = [
     "train_validation_split",
     "validates_after",
 ]
-
-#: The keyword ``fit`` passes to ``evaluate`` for its validation: reuse the validation epoch iterator.
-FIT_VALIDATION_KWARGS: dict[str, Any] = {"_use_cached_eval_dataset": True}
 
 #: tf_keras' data-loading arguments of ``fit``, ``evaluate`` and ``predict`` (Keras 3 has none), with their defaults.
 _DATA_OPTIONS = {"max_queue_size": 10, "workers": 1, "use_multiprocessing": False}
@@ -484,16 +487,6 @@ def epoch_logs(model: Any, logs: Any, *, returned: bool) -> Any:
             "or `tf.config.run_functions_eagerly(True)` for more information of where went wrong."
         )
     return model._validate_and_get_metrics_result(logs)
-
-
-def validates_after(model: Any, epoch: int, validation_freq: Any) -> bool:
-    """Whether ``fit`` validates after ``epoch`` (tf_keras' ``Model._should_eval``)."""
-    return bool(model._should_eval(epoch, validation_freq))
-
-
-def pop_fit_validation(kwargs: dict[str, Any]) -> bool:
-    """Removes :data:`FIT_VALIDATION_KWARGS`' keyword from ``evaluate``'s ``kwargs``: whether ``fit`` validates."""
-    return bool(kwargs.pop("_use_cached_eval_dataset", False))
 
 
 def evaluation_logs(logs: dict[str, Any]) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
 from keras.src.utils import python_utils as _python_utils
 
 from custom_fit._compat import common
+from custom_fit._compat.common import FIT_VALIDATION_KWARGS, pop_fit_validation, validates_after  # both Kerases'
 
 __all__ = [
     "FIT_VALIDATION_KWARGS",
@@ -368,14 +369,6 @@ def capped_epochs(epochs: int) -> int:
 
 # -- the trainer's private methods the loop calls (custom_fit._trainer.loop reads no Keras private name) --
 
-#: The keyword ``fit`` passes to ``evaluate`` for its validation: reuse the validation epoch iterator.
-FIT_VALIDATION_KWARGS: dict[str, Any] = {"_use_cached_eval_dataset": True}
-
-
-def pop_fit_validation(kwargs: dict[str, Any]) -> bool:
-    """Removes :data:`FIT_VALIDATION_KWARGS`' keyword from ``evaluate``'s ``kwargs``: whether ``fit`` validates."""
-    return bool(kwargs.pop("_use_cached_eval_dataset", False))
-
 
 def in_legacy_graph() -> bool:
     """``False``: Keras 3 has no TF1 graph engine."""
@@ -481,11 +474,6 @@ def epoch_logs(model: keras.Model, logs: Any, *, returned: bool) -> Any:
     ``logs`` is ``None`` before ``fit``'s first step (Keras starts from ``{}``).
     """
     return model._get_metrics_result_or_logs({} if logs is None else logs, returned=returned)
-
-
-def validates_after(model: keras.Model, epoch: int, validation_freq: Any) -> bool:
-    """Whether ``fit`` validates after ``epoch`` (``Trainer._should_eval``)."""
-    return bool(model._should_eval(epoch, validation_freq))
 
 
 def flat_logs(model: keras.Model, logs: Any) -> Any:
