@@ -141,7 +141,8 @@ class Loop(StepFunctions):
         call = LoopCall("fit", progress=progress)
         state = state_of(self)
         # The loop asks the plan how many steps each execution fuses and tells it what ran.
-        plan: ExecutionPlan = state.steps_tuner or FixedPlan(self._fixed_steps_per_execution())
+        fixed = self._fixed_steps_per_execution()
+        plan: ExecutionPlan = state.steps_tuner or FixedPlan(fixed)
         with (
             self._running(call),
             parts.call_scope(self, "fit"),
@@ -158,7 +159,7 @@ class Loop(StepFunctions):
                 epochs=epochs,
                 shuffle=shuffle,
                 class_weight=class_weight,
-                steps_per_execution=state.fixed_steps_per_execution,
+                steps_per_execution=fixed,
                 **options,
             ) as epoch_iterator,
         ):
