@@ -167,7 +167,11 @@ fi
     return script
 
 
-@pytest.mark.skipif(not shutil.which("bash") or not shutil.which("timeout"), reason="needs bash and timeout")
+@pytest.mark.skipif(
+    not shutil.which("bash") or not shutil.which("timeout"),
+    reason="runs benchmarks/gpu/run.sh, a bash script that caps each workload with coreutils' timeout "
+    "(both are on every Linux machine CI and the GPU run use; absent on e.g. Windows without a Unix toolset)",
+)
 def test_run_sh_switches_between_the_images_cudnn_and_the_payloads(tmp_path):
     _, out, _ = build_fake(tmp_path)
     image = tmp_path / "image/lib"
