@@ -42,7 +42,7 @@ from custom_fit._compat import keras, version
 from custom_fit._optimizers import NamedOptimizers, ensure_state
 from custom_fit._preemption import EPOCH_END, PREEMPTION_EXIT_CODE, Boundary, ClusterAgreement, PreemptionNotice
 from custom_fit._random_state import RandomState, random_state_arrays, random_states
-from custom_fit._trainer.progress import EpochPosition, Position, Progress
+from custom_fit._trainer.progress import EpochPosition, Position, Progress, epoch_metrics
 
 __all__ = ["Backup", "BackupAndRestore"]
 
@@ -445,7 +445,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             random_state=random_state,
             hook_states=list(self._hook_states),
             # At an epoch's start Keras resets the metrics: nothing to restore.
-            metric_values=[[np.asarray(v.numpy()) for v in m.variables] for m in _epoch_metrics(self.model)]
+            metric_values=[[np.asarray(v.numpy()) for v in m.variables] for m in epoch_metrics(self.model)]
             if state["step"]
             else [],
         )
@@ -481,7 +481,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         """Sets each metric variable to its backed-up value (Keras reset them when the epoch began)."""
         if self._data is not None and self._data.element_spec is not None:
             _compat.loop.build_compiled_state(self.model, self._data.element_spec)
-        metrics = _epoch_metrics(self.model)
+        metrics = epoch_metrics(self.model)
         shapes = [[tuple(v.shape) for v in metric.variables] for metric in metrics]
         if shapes != [[value.shape for value in saved] for saved in values]:
             raise ValueError(
@@ -515,14 +515,3 @@ def _has_several_workers(strategy: tf.distribute.Strategy) -> bool:
     """Whether ``strategy`` spans a cluster of processes (``MultiWorkerMirroredStrategy`` with a ``TF_CONFIG``)."""
     resolver = getattr(strategy, "cluster_resolver", None)
     return resolver is not None and bool(resolver.cluster_spec().jobs)
-
-
-def _epoch_metrics(model: keras.Model) -> list[Any]:
-    """The metrics ``fit`` accumulates over an epoch: ``model.metrics`` and the ``loss`` tracker.
-
-    (``CustomModel.metrics`` lists the ``loss`` tracker of a model compiled
-    without a loss only once a step has reported a loss, which a resumed run
-    has not done yet when it restores them.)
-    """
-    tracker = version.loss_tracker(model)
-    return ([tracker] if tracker is not None else []) + [m for m in model.metrics if m is not tracker]

@@ -21,9 +21,10 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from custom_fit import _compat
 from custom_fit._random_state import RandomState
 
-__all__ = ["EpochPosition", "Position", "Progress"]
+__all__ = ["EpochPosition", "Position", "Progress", "epoch_metrics"]
 
 
 class EpochPosition:
@@ -227,3 +228,14 @@ def hand_to_callbacks(progress: Progress, callbacks: Any) -> None:
         set_progress = getattr(callback, "set_progress", None)
         if callable(set_progress):
             set_progress(progress)
+
+
+def epoch_metrics(model: Any) -> list[Any]:
+    """The metrics ``fit`` accumulates over an epoch: ``model.metrics`` and the ``loss`` tracker.
+
+    (``CustomModel.metrics`` lists the ``loss`` tracker of a model compiled
+    without a loss only once a step has reported a loss, which a resumed run
+    has not done yet when it restores them.)
+    """
+    tracker = _compat.version.loss_tracker(model)
+    return ([tracker] if tracker is not None else []) + [m for m in model.metrics if m is not tracker]
