@@ -34,6 +34,7 @@ __all__ = [
     "IncompleteBackupWarning",
     "MissingGradientWarning",
     "NamedOptimizers",
+    "Steps",
     "StepsPerExecutionTuner",
     "UnreviewedKerasWarning",
     "UntrackedVariableWarning",
@@ -68,6 +69,7 @@ from custom_fit._losses import batch_mean, regularization_loss
 from custom_fit._model import CustomModel, CustomSequential
 from custom_fit._optimizers import NamedOptimizers
 from custom_fit._trainer.step_fusion import StepsPerExecutionTuner
+from custom_fit._trainer.validation import Steps
 from custom_fit.gan import GAN
 
 #: The Keras in use as text: ``"keras 3.15.1"`` or ``"tf_keras 2.21.0"``.

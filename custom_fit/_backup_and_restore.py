@@ -69,6 +69,11 @@ class Backup:
         data_epoch: How many epochs Keras' data adapter had ended when
             ``epoch`` began, where its shuffle depends on it (Keras >= 3.16);
             else ``None``.
+        trained_steps: The steps trained before ``step``, counted across
+            epochs from the ``fit``'s start (``None`` in a backup written
+            before custom_fit counted them).
+        validation_logs: The last ``validation_freq=Steps(N)`` run's ``val_*``
+            values inside ``epoch`` before ``step``, else ``None``.
     """
 
     epoch: int
@@ -79,10 +84,12 @@ class Backup:
     hook_states: list[tuple[RandomState, RandomState]]
     metric_values: list[list[np.ndarray]]
     data_epoch: int | None = None
+    trained_steps: int | None = None
+    validation_logs: dict[str, Any] | None = None
 
     def progress_state(self) -> dict[str, Any]:
         """Where the resumed ``fit`` starts: the running ``fit``'s ``Progress.state_dict()`` it was written from."""
-        return dataclasses.asdict(Position(self.epoch, self.step, self.iterator, self.skip, self.data_epoch))
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(Position)}
 
     def write(self, directory: Path) -> None:
         """Writes ``meta.json`` and ``state.npz`` into ``directory``."""
@@ -95,6 +102,11 @@ class Backup:
             "hook_epochs": len(self.hook_states),
             "metric_variables": [len(values) for values in self.metric_values],
             "data_epoch": self.data_epoch,
+            "trained_steps": self.trained_steps,
+            # Python floats: JSON keeps them exactly (repr round-trips).
+            "validation_logs": None
+            if self.validation_logs is None
+            else {name: np.asarray(value).tolist() for name, value in self.validation_logs.items()},
         }
         (directory / _META).write_text(json.dumps(meta))
         arrays: dict[str, Any] = random_state_arrays("epoch_", [self.random_state])
@@ -133,6 +145,8 @@ class Backup:
                         for i, count in enumerate(meta["metric_variables"])
                     ],
                     data_epoch=meta.get("data_epoch"),  # backups written before Keras 3.16 support have none
+                    trained_steps=meta.get("trained_steps"),  # and before validation every N steps
+                    validation_logs=meta.get("validation_logs"),
                 )
         except (OSError, KeyError, TypeError, json.JSONDecodeError, EOFError) as error:
             raise ValueError(f"The backup in {directory} cannot be read ({type(error).__name__}: {error}).") from error

@@ -1,11 +1,14 @@
 """A training script that the kill harness (tests/test_backup_and_restore.py) runs, kills and restarts.
 
-    python -m tests.crash_cases SCENARIO BACKUP_DIR RESULT.npz [--save-freq N]
+    python -m tests.crash_cases SCENARIO BACKUP_DIR RESULT.npz [--save-freq N] [--validate-every N]
 
 Each scenario is a user's script: seed everything, build the model and the
 data, ``fit`` with :class:`custom_fit.BackupAndRestore`. Run again after a
 kill, it resumes from the backup. When ``fit`` completes it writes the model's
-and the optimizers' variables and the last epoch's history to ``RESULT.npz``.
+and the optimizers' variables and the last epoch's history to ``RESULT.npz``;
+with ``--validate-every N`` (``validation_freq=custom_fit.Steps(N)``) also,
+as JSON, the validation runs the ``History`` holds (``runs``) and each
+epoch's logs as a callback that monitors nothing sees them (``epoch_logs``).
 
 It prints, flushed, the lines the harness waits for: ``TRAINING`` when
 ``fit`` begins, ``STEP`` after each step, ``WRITING`` when a backup write
@@ -331,6 +334,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--save-freq", default=None)
     parser.add_argument("--worker", type=int, help="this process' index in a two-worker cluster (needs --ports)")
     parser.add_argument("--ports", help="the cluster's ports on 127.0.0.1, comma-separated")
+    parser.add_argument("--validate-every", type=int, help="validation_freq=custom_fit.Steps(N) on 40 samples")
     args = parser.parse_args(argv)
 
     build, input_kind = {**SCENARIOS, **DETERMINISTIC_SCENARIOS, **STRATEGY_SCENARIOS}[args.scenario]
@@ -348,17 +352,27 @@ def main(argv: list[str]) -> None:
         inputs = _x_only(inputs)
     frequency = args.save_freq or ("epoch" if args.scenario in STRATEGY_SCENARIOS else "5")
     save_freq: str | int = frequency if frequency == "epoch" else int(frequency)
+    validation: dict[str, Any] = {}
+    epoch_logs: list[Any] = []
+    if args.validate_every:
+        x, y = arrays()
+        validation = {"validation_data": (x[:40], y[:40]), "validation_freq": custom_fit.Steps(args.validate_every)}
     history = model.fit(
         **inputs,
+        **validation,
         epochs=EPOCHS,
         verbose=0,
         callbacks=[
             custom_fit.BackupAndRestore(args.backup_dir, save_freq=save_freq, store=HarnessStore(args.backup_dir)),
             Pace(),
+            keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: epoch_logs.append([epoch, dict(logs)])),
         ],
     )
     last_epoch: dict[str, Any] = {f"history_{k}": np.float64(v[-1]) for k, v in history.history.items()}
     arrays_out: dict[str, Any] = {f"variable_{i}": v for i, v in enumerate(variables_of(model))}
+    if args.validate_every:
+        runs = {k: v for k, v in history.history.items() if k.startswith("val_")}
+        arrays_out.update(runs=json.dumps(runs), epoch_logs=json.dumps(epoch_logs))
     np.savez(args.result, **arrays_out, **last_epoch, epochs_run=len(history.epoch))
 
 

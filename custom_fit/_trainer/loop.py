@@ -56,6 +56,7 @@ from custom_fit._trainer.callbacks import LazyCallbackList
 from custom_fit._trainer.progress import EpochPosition, Progress, hand_to_callbacks
 from custom_fit._trainer.step_functions import StepFunctions
 from custom_fit._trainer.step_fusion import ExecutionPlan, FixedPlan
+from custom_fit._trainer.validation import Steps, ValidationSchedule, epoch_end, keeping_training_metrics, run_end
 
 __all__ = ["Loop"]
 
@@ -117,6 +118,12 @@ class Loop(StepFunctions):
     ) -> Any:
         parts = _compat.loop
         if parts.in_legacy_graph():  # Keras 2 in a TF1 graph: tf_keras' v1 engine runs it, as for tf_keras.Model
+            if isinstance(validation_freq, Steps):
+                raise ValueError(
+                    f"fit(validation_freq={validation_freq!r}) runs in custom_fit's loop, but this model was built "
+                    "in a TF1 graph (tf.Graph().as_default()), where tf_keras' v1 engine runs fit. "
+                    "Fix: build and fit the model outside the graph, or pass an int validation_freq."
+                )
             if validation_batch_size is not None:  # the v1 engine has no such argument: it raises, as for tf_keras
                 kwargs["validation_batch_size"] = validation_batch_size
             return super().fit(
@@ -135,6 +142,8 @@ class Loop(StepFunctions):
                 (x, y, sample_weight), validation_split
             )
         validates = parts.has_validation_data(validation_data)
+        # validation_freq=Steps(N): validation after every N-th step (custom_fit._trainer.validation).
+        schedule = ValidationSchedule.for_fit(validation_freq, validates=validates)
         if validates:
             val_x, val_y, val_sample_weight = keras.utils.unpack_x_y_sample_weight(validation_data)
         progress = Progress(data=EpochPosition())
@@ -143,12 +152,14 @@ class Loop(StepFunctions):
         # The loop asks the plan how many steps each execution fuses and tells it what ran.
         fixed = self._fixed_steps_per_execution()
         plan: ExecutionPlan = state.steps_tuner or FixedPlan(fixed)
+        # Executions end at validation runs.
+        steps_for = plan.plan if schedule is None else schedule.capped(plan.plan, lambda: progress.trained_steps)
         with (
             self._running(call),
             parts.call_scope(self, "fit"),
             parts.epoch_iterator(
                 self,
-                plan=plan.plan,
+                plan=steps_for,
                 position=progress.data,
                 x=x,
                 y=y,
@@ -173,6 +184,40 @@ class Loop(StepFunctions):
             def train_batch_begin(step: int) -> None:
                 progress.step_begins(step)
                 callbacks.on_train_batch_begin(step)
+
+            def validate() -> dict[str, Any]:
+                """One validation run: ``evaluate`` on the validation data with ``fit``'s callbacks."""
+                if call.validation is None:
+                    call.validation = self._epoch_iterator(
+                        x=val_x,
+                        y=val_y,
+                        sample_weight=val_sample_weight,
+                        batch_size=validation_batch_size or batch_size,
+                        steps_per_epoch=validation_steps,
+                        **options,
+                    )
+                val_logs = self.evaluate(
+                    x=val_x,
+                    y=val_y,
+                    sample_weight=val_sample_weight,
+                    batch_size=validation_batch_size or batch_size,
+                    steps=validation_steps,
+                    callbacks=callbacks,
+                    return_dict=True,
+                    **options,
+                    **parts.FIT_VALIDATION_KWARGS,
+                )
+                return {f"val_{name}": value for name, value in val_logs.items()}
+
+            def train_execution_end(first: int, steps: int, logs: Any) -> None:
+                progress.execution_ends(first + steps)
+                trained = progress.trained_steps
+                if schedule is not None and schedule.due(trained):
+                    train_logs = dict(parts.epoch_logs(self, logs, returned=True))  # the epoch so far
+                    with keeping_training_metrics(self):  # evaluate resets the metrics training shares
+                        val_logs = validate()
+                    progress.validated(val_logs)
+                    run_end(callbacks, schedule.run_index(trained), trained, train_logs, val_logs)
 
             self.stop_training = False
             self.make_train_function()
@@ -200,35 +245,19 @@ class Loop(StepFunctions):
                     stopped=lambda: self.stop_training,
                     logs=logs,
                     plan=plan,
+                    execution_end=train_execution_end,
                 )
                 progress.epoch_ends()
                 # The metrics' results replace the last step's logs where they name the same values
                 # (after an epoch that ran no step, the logs are the epoch before's, as in Keras).
                 epoch_logs = dict(parts.epoch_logs(self, logs, returned=stepped))
-                if validates and parts.validates_after(self, epoch, validation_freq):
-                    if call.validation is None:
-                        call.validation = self._epoch_iterator(
-                            x=val_x,
-                            y=val_y,
-                            sample_weight=val_sample_weight,
-                            batch_size=validation_batch_size or batch_size,
-                            steps_per_epoch=validation_steps,
-                            **options,
-                        )
-                    val_logs = self.evaluate(
-                        x=val_x,
-                        y=val_y,
-                        sample_weight=val_sample_weight,
-                        batch_size=validation_batch_size or batch_size,
-                        steps=validation_steps,
-                        callbacks=callbacks,
-                        return_dict=True,
-                        **options,
-                        **parts.FIT_VALIDATION_KWARGS,
-                    )
-                    epoch_logs.update({f"val_{name}": value for name, value in val_logs.items()})
-                callbacks.on_epoch_end(epoch, epoch_logs)
-                training_logs = epoch_logs
+                if schedule is not None:  # the runs inside the epoch reached the monitors already
+                    training_logs = epoch_end(callbacks, epoch, epoch_logs, progress.validation_logs)
+                else:
+                    if validates and parts.validates_after(self, epoch, validation_freq):
+                        epoch_logs.update(validate())
+                    callbacks.on_epoch_end(epoch, epoch_logs)
+                    training_logs = epoch_logs
                 if self.stop_training:
                     break
             else:
@@ -249,11 +278,14 @@ class Loop(StepFunctions):
         stopped: Callable[[], bool],
         logs: Any,
         plan: ExecutionPlan | None = None,
+        execution_end: Callable[[int, int, Any], None] | None = None,
     ) -> tuple[Any, bool]:
         """Runs ``function`` on each execution of one epoch between the batch hooks.
 
         Args:
             plan: Told each execution that ran (``fit``; the epoch iterator asked it for their steps).
+            execution_end: Called with the execution's first step, its steps and
+                logs after its last batch hook, before ``stopped`` is asked (``fit``).
 
         Returns:
             The last execution's logs (``logs`` if none ran) and whether any ran.
@@ -269,6 +301,8 @@ class Loop(StepFunctions):
                         report_execution(plan, execution.steps, logs, execution.iterator)
                     stepped = True
                     batch_end(_compat.loop.batch_end_step(first, steps), logs)
+                    if execution_end is not None:
+                        execution_end(first, steps, logs)
                     if stopped():
                         break
             return logs, stepped

@@ -122,6 +122,11 @@ class Position:
         skip: How many of that iterator's batches were read before that step.
         data_epoch: The data adapter's count of ended epochs when ``epoch``
             began, where its shuffle depends on it (Keras >= 3.16); else ``None``.
+        trained_steps: The steps trained before that step, counted from the
+            first ``fit``'s start across epochs (``validation_freq=Steps(N)``
+            counts its runs on it); ``None`` in a backup older than the count.
+        validation_logs: The ``val_*`` values of the last validation run
+            inside ``epoch`` before that step (``Steps(N)``), else ``None``.
     """
 
     epoch: int
@@ -129,6 +134,8 @@ class Position:
     iterator: int = 0
     skip: int = 0
     data_epoch: int | None = None
+    trained_steps: int | None = None
+    validation_logs: dict[str, Any] | None = None
 
 
 class Progress:
@@ -136,7 +143,9 @@ class Progress:
 
     The loop owns one per ``fit`` call and tells it, in its order, when an
     epoch begins (:meth:`epoch_begins`, before ``on_epoch_begin``), when a step
-    begins (:meth:`step_begins`, before ``on_train_batch_begin``) and when the
+    begins (:meth:`step_begins`, before ``on_train_batch_begin``), when an
+    execution ended (:meth:`execution_ends`, after ``on_train_batch_end``), when
+    a validation run inside the epoch ended (:meth:`validated`) and when the
     epoch's steps are done (:meth:`epoch_ends`, before validation and
     ``on_epoch_end``). :meth:`state_dict` is then the point a ``fit`` stopped
     now would resume at; a resumed ``fit`` is given it with
@@ -149,8 +158,9 @@ class Progress:
         >>> progress = Progress(data=None)
         >>> progress.epoch_begins(0); progress.step_begins(3); progress.state_dict()["step"]
         3
-        >>> progress.epoch_ends(); progress.state_dict()["epoch"], progress.state_dict()["step"]
-        (1, 0)
+        >>> progress.execution_ends(5); progress.epoch_ends()
+        >>> progress.state_dict()["epoch"], progress.state_dict()["step"], progress.trained_steps
+        (1, 0, 5)
         >>> resumed = Progress(data=None); resumed.load_state_dict(progress.state_dict())
         >>> resumed.first_epoch(initial_epoch=0)
         1
@@ -163,22 +173,45 @@ class Progress:
         self.running = True
         self.epoch = 0
         self.step = 0
+        #: The ``val_*`` values of the last validation run in this epoch (``Steps(N)``), else ``None``.
+        self.validation_logs: dict[str, Any] | None = None
         self._epoch_done = False
+        self._trained_before_epoch = 0
+        self._trained_in_epoch = 0
         self._loaded: Position | None = None
+        self._resuming = False  # loaded, and the first epoch has not begun
 
     # Told by the loop ----------------------------------------------------------------
 
     def epoch_begins(self, epoch: int) -> None:
         """Epoch ``epoch`` begins (before ``on_epoch_begin``)."""
+        loaded, self._resuming = (self._loaded if self._resuming else None), False
         self.epoch, self.step, self._epoch_done = epoch, 0, False
+        # A resumed epoch keeps the last validation run's values from before the loaded step.
+        self.validation_logs = loaded.validation_logs if loaded is not None and loaded.epoch == epoch else None
 
     def step_begins(self, step: int) -> None:
         """The execution that trains ``step`` (counted in the epoch) begins (before ``on_train_batch_begin``)."""
-        self.step = step
+        self.step = self._trained_in_epoch = step
+
+    def execution_ends(self, next_step: int) -> None:
+        """An execution ended; ``next_step`` is the epoch's first step not trained (after ``on_train_batch_end``)."""
+        self._trained_in_epoch = next_step
+
+    def validated(self, val_logs: dict[str, Any]) -> None:
+        """A validation run inside the epoch ended with ``val_logs`` (``Steps(N)``; before the monitors see it)."""
+        self.validation_logs = dict(val_logs)
 
     def epoch_ends(self) -> None:
         """The epoch's steps are done (before its validation and ``on_epoch_end``)."""
         self._epoch_done = True
+        self._trained_before_epoch += self._trained_in_epoch
+        self._trained_in_epoch = 0
+
+    @property
+    def trained_steps(self) -> int:
+        """The steps trained since the first ``fit`` of this training began (a resumed one continues the count)."""
+        return self._trained_before_epoch + self._trained_in_epoch
 
     @property
     def loaded(self) -> bool:
@@ -202,15 +235,25 @@ class Progress:
         data = self.data
         if self._epoch_done:
             iterator, skip = data.at_next_epoch() if data is not None else (0, 0)
-            point = Position(self.epoch + 1, 0, iterator, skip, data.read_data_epoch() if data is not None else None)
+            point = Position(
+                self.epoch + 1, 0, iterator, skip, data.read_data_epoch() if data is not None else None,
+                trained_steps=self.trained_steps,
+            )  # fmt: skip
         else:
             iterator, skip = data.at_step(self.step) if data is not None else (0, 0)
-            point = Position(self.epoch, self.step, iterator, skip, data.data_epoch if data is not None else None)
+            point = Position(
+                self.epoch, self.step, iterator, skip, data.data_epoch if data is not None else None,
+                trained_steps=self._trained_before_epoch + self.step, validation_logs=self.validation_logs,
+            )  # fmt: skip
         return dataclasses.asdict(point)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Makes ``fit`` start at ``state`` (a :meth:`state_dict`); before its first epoch."""
-        self._loaded = Position(**state)
+        self._loaded = loaded = Position(**state)
+        # A backup older than the count: counted from the loaded step (only Steps(N) reads it).
+        trained = loaded.trained_steps if loaded.trained_steps is not None else loaded.step
+        self._trained_before_epoch, self._trained_in_epoch = trained - loaded.step, loaded.step
+        self._resuming = True
         if self.data is not None:
             self.data.resume = self._loaded
 
