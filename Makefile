@@ -45,9 +45,9 @@ test-fast: $(STAMP)
 
 ## Extra rows of the support matrix (compat/*.txt): one venv each, the compat subset of the tests.
 COMPAT_ROWS ?= keras-3.8 keras-3.12 keras-3.16-nightly tensorflow-2.22-rc tf_keras-2.17
-COMPAT_TESTS := tests/test_model_parity.py tests/test_compiled.py tests/test_optimizers.py tests/test_gan.py \
-	tests/test_model_saving.py tests/test_functional.py tests/test_distribute.py tests/test_keras_internals.py \
-	tests/test_gradient_contract.py tests/test_keras2_optimizer_api.py tests/test_legacy_optimizers.py tests/test_public_api.py
+COMPAT_TESTS := tests/end_to_end/test_model_parity.py tests/test_compiled.py tests/test_optimizers.py tests/test_gan.py \
+	tests/test_saving.py tests/test_functional.py tests/end_to_end/test_distribute.py tests/compat/test_internals.py \
+	tests/test_gradient_contract.py tests/compat/test_keras2_idioms.py tests/compat/test_keras2.py tests/test_public_api.py
 # Not in the rows: the two-process MultiWorkerMirrored runs and the 100-epoch GAN image quality
 # check (both run on the pinned stack in `make test`; the rows check behaviour, not image quality).
 COMPAT_DESELECT := not two_workers and not digits_gan_image_grid
@@ -96,9 +96,9 @@ PY313_PYTEST := $(PY313_RUN) python -m pytest -n $(JOBS) --dist loadgroup
 # the notebooks, the README and one MirroredStrategy run (the GAN's): about 8-9 minutes on 2 idle
 # cores (estimated from its CPU time), where the full Keras 3 suite takes 15 and test_distribute.py
 # adds about 4 per Keras.
-PY313_COMPAT_TESTS := $(filter-out tests/test_distribute.py,$(COMPAT_TESTS))
-PY313_KERAS3_TESTS := $(PY313_COMPAT_TESTS) tests/test_distribute.py::test_gan_mirrored_matches_single_device \
-	custom_fit notebooks tests/test_readme.py
+PY313_COMPAT_TESTS := $(filter-out tests/end_to_end/test_distribute.py,$(COMPAT_TESTS))
+PY313_KERAS3_TESTS := $(PY313_COMPAT_TESTS) tests/end_to_end/test_distribute.py::test_gan_mirrored_matches_single_device \
+	custom_fit notebooks tests/end_to_end/test_readme.py
 PY313_KERAS2_TESTS := $(PY313_COMPAT_TESTS)
 ## Only create the 3.13 root and venv (CI does it in the background while the main suite runs).
 py313-venv: $(PY313)/venv.installed

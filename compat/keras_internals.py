@@ -6,7 +6,7 @@
 
 Prints, for every copy in custom_fit/_compat/internals.py, the hash of its
 upstream functions in this version and what the tripwire test
-(tests/test_keras_internals.py) says about it. Exits with 1 when a tripwire
+(tests/compat/test_internals.py) says about it. Exits with 1 when a tripwire
 would fail. Bumping a compat row: run it with the row's Python
 (``.venv-compat/<row>/bin/python compat/keras_internals.py``); for each
 CHANGED line re-check the copy against the new upstream source (diff the

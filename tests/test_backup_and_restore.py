@@ -671,7 +671,7 @@ def _run_cluster(
     is killed too, as an orchestrator restarting the whole cluster would (it would wait for the
     failed one in its next collective).
     """
-    from tests.test_distribute import free_ports
+    from tests.end_to_end.test_distribute import free_ports
 
     ports = ",".join(map(str, free_ports(2)))
     workers = []

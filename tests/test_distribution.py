@@ -1,7 +1,7 @@
 """custom_fit._distribution without a strategy: the merge_call error explained, other errors untouched.
 
 The strategy cases themselves (variables created outside the replica context, keras.io-style code
-under MirroredStrategy and MultiWorkerMirroredStrategy) run in subprocesses: tests/test_distribute.py.
+under MirroredStrategy and MultiWorkerMirroredStrategy) run in subprocesses: tests/end_to_end/test_distribute.py.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def test_outside_a_replica_context_variables_are_created_as_usual():
 
 
 def test_a_variable_created_in_a_replica_context_is_mirrored_and_initialised():
-    """One replica here (no logical devices in this process); two: tests/test_distribute.py."""
+    """One replica here (no logical devices in this process); two: tests/end_to_end/test_distribute.py."""
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
     created: list[tf.Variable] = []
 

@@ -1,7 +1,7 @@
 """The gradient contract: ``transform_gradients`` receives the true gradient of the global batch's loss.
 
 The same number on every precision, replica count and Keras (the multi-replica
-rows are in ``tests/test_distribute.py``, group ``mirrored_contract``). On
+rows are in ``tests/end_to_end/test_distribute.py``, group ``mirrored_contract``). On
 7a9ee83 the transform received the loss-scaled gradient under Keras 3's
 ``mixed_float16`` (``inf`` on the first steps) and one replica's share under
 Keras 3's ``MirroredStrategy``.

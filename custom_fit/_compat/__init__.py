@@ -16,12 +16,12 @@ share, and helpers that do not depend on the Keras version, live once in
 Keras-3-only code paths use :mod:`~custom_fit._compat.keras3_only`.
 
 The package itself defines few names (``__all__``, each with its reason below,
-``tests/test_layout.py`` keeps them at most 15): no re-exported functions and
+``tests/end_to_end/test_layout.py`` keeps them at most 15): no re-exported functions and
 no capability flags, which are ``version.X`` reads.
 
 Where custom_fit copies, rewrites, replaces or wraps a Keras internal,
 :mod:`~custom_fit._compat.internals` lists it with the upstream functions it
-was made from, and ``tests/test_keras_internals.py`` fails when the installed
+was made from, and ``tests/compat/test_internals.py`` fails when the installed
 Keras changed one of them since the version it was reviewed against
 (docs/keras_internals.md: every copy, what it changes and why).
 

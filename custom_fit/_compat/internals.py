@@ -6,7 +6,7 @@ changes one of those functions, nothing fails loudly: a copy keeps the old
 logic and parity with ``keras.Model`` drifts. :data:`COPIES` names each copy
 and the upstream functions it was made from or depends on; for every
 supported Keras and tf_keras version, the reviewed hash of those functions'
-source. Both live in ``internals.json`` (package data). ``tests/test_keras_internals.py``
+source. Both live in ``internals.json`` (package data). ``tests/compat/test_internals.py``
 hashes the installed source and compares; ``compat/keras_internals.py``
 prints the hashes of an installed (or unpacked) Keras and records them.
 :func:`check_installed` does the same at import on a Keras version the data
@@ -119,7 +119,7 @@ def load(path: Path = DATA_FILE) -> tuple[Copy, ...]:
     )
 
 
-#: Every copy of Keras internals in custom_fit (tests/test_keras_internals.py checks the list).
+#: Every copy of Keras internals in custom_fit (tests/compat/test_internals.py checks the list).
 COPIES: tuple[Copy, ...] = load()
 
 

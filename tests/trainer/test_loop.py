@@ -1,6 +1,6 @@
 """The one ``fit``/``evaluate``/``predict`` loop (``custom_fit._trainer.loop``) on both Kerases.
 
-Parity with ``keras.Model`` is ``tests/test_model_parity.py``; resume is
+Parity with ``keras.Model`` is ``tests/end_to_end/test_model_parity.py``; resume is
 ``tests/test_backup_and_restore.py``. Here: what the loop itself promises on each
 Keras (no module global of tf_keras replaced, array pipelines without tf.data
 autotuning), and its error paths, each compared with plain Keras' (never worse).

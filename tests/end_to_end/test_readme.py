@@ -16,7 +16,7 @@ from tests import parity
 
 pytestmark = pytest.mark.keras3  # the README's examples are written for Keras 3 (`import keras`)
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 # Each tested block follows a `<!-- block: NAME -->` line, in the README or a docs page.
 FOUND = [
     (name, page.relative_to(ROOT).as_posix(), code)

@@ -15,7 +15,7 @@ import pytest
 
 import custom_fit
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEMO = [sys.executable, str(ROOT / "examples" / "demo.py")]
 _spec = importlib.util.spec_from_file_location("demo", DEMO[1])
 assert _spec is not None and _spec.loader is not None

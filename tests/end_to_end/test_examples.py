@@ -12,7 +12,7 @@ import pytest
 
 pytestmark = pytest.mark.slow  # each test starts processes
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_multi_worker_example_two_local_workers():

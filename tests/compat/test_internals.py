@@ -25,7 +25,7 @@ import custom_fit
 from custom_fit._compat import internals, keras
 
 IN_USE = "tf_keras" if custom_fit.KERAS_2 else "keras"
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 
 
 @pytest.mark.parametrize("copy", internals.COPIES, ids=lambda copy: copy.id)

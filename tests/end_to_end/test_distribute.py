@@ -22,7 +22,7 @@ from tests import existing_code, parity, strategy_cases
 
 pytestmark = pytest.mark.slow
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KINDS = ["base", "sample_weight", "regularizers", "two_outputs"]
 
 # Mirrored vs one device: each replica takes the mean over its half of the batch

@@ -189,7 +189,7 @@ PROPERTIES = {"keras", "Functional", "LossScaleOptimizer", "TrainerHooks"}
 
 
 def test_compat_defines_no_star_imports():
-    """The facade's size is tests/test_layout.py's; here: no module of ``_compat`` star-imports."""
+    """The facade's size is tests/end_to_end/test_layout.py's; here: no module of ``_compat`` star-imports."""
     for path in (PACKAGE / "_compat").glob("*.py"):
         assert "import *" not in path.read_text(), f"{path.name} star-imports"
 
