@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import gc
-import warnings
 import weakref
-from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -170,71 +168,6 @@ def test_minimize_without_any_optimizer():
         model.fit(X, Y, verbose=0)
 
 
-class PartlyUnused(custom_fit.CustomModel):
-    """Has a built layer whose variables never reach the loss."""
-
-    def __init__(self):
-        super().__init__()
-        self.used = keras.layers.Dense(parity.N_CLASSES, activation="softmax")
-        self.unused = keras.layers.Dense(2, name="unused")
-        self.unused.build((None, parity.N_FEATURES))
-
-    def call(self, x):
-        return self.used(x)
-
-
-def test_variables_without_gradient_warn_once_and_stay_unchanged():
-    model = PartlyUnused()
-    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
-    model(X[:1])
-    unused_before = [np.array(w) for w in model.unused.get_weights()]
-    used_before = [np.array(w) for w in model.used.get_weights()]
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        model.fit(X, Y, batch_size=16, epochs=3, verbose=0)  # partial last batch: traced twice
-    ours = [w for w in caught if issubclass(w.category, custom_fit.MissingGradientWarning)]
-    assert len(ours) == 1, [str(w.message) for w in caught]
-    # Keras' own per-trace warning ("Gradients do not exist for variables ...") must not come too
-    # (Keras 3.12 with NumPy 2 also emits an unrelated DeprecationWarning of its own here).
-    others = [str(w.message) for w in caught if w not in ours and "gradient" in str(w.message).lower()]
-    assert others == [], "Keras' own per-trace warning must not be emitted as well"
-    message = str(ours[0].message)
-    assert "2 of 4 variables passed to minimize() got no gradient" in message
-    assert "unused/kernel" in message and "unused/bias" in message and "Fix:" in message
-    assert parity.max_delta(unused_before, model.unused.get_weights()) == 0.0
-    assert parity.max_delta(used_before, model.used.get_weights()) > 0.0
-    counters = 1 if custom_fit.KERAS_2 else 2  # iterations (and learning_rate on Keras 3)
-    assert len(model.optimizer.variables) == counters + 2 * 4, "optimizer state covers every variable"
-
-
-def test_no_variable_with_a_gradient_is_an_error():
-    class Detached(custom_fit.CustomModel):
-        def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
-            return tf.constant(1.0)
-
-    model = functional(Detached)
-    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
-    with pytest.raises(
-        ValueError, match=r"none of the 2 variables has a gradient. Expected a loss computed from these variables.*Fix:"
-    ):
-        model.fit(X, Y, verbose=0)
-
-
-def test_missing_targets_say_how_to_fix():
-    model = functional()
-    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
-    with pytest.raises(
-        ValueError,
-        match=(
-            r"compiled with loss='sparse_categorical_crossentropy', which needs targets: expected "
-            r"batches of \(x, y\).*received batches with inputs only. Fix: pass `y`"
-        ),
-    ):
-        model.fit(X, verbose=0)
-    with pytest.raises(ValueError, match="which needs targets"):
-        model.evaluate(tf.data.Dataset.from_tensor_slices(X).batch(8), verbose=0)
-
-
 def test_model_without_loss_trains_on_add_loss():
     """No ``y`` is fine when no loss is compiled: the loss comes from ``add_loss``."""
 
@@ -266,74 +199,8 @@ def test_model_without_loss_trains_on_add_loss():
 
 
 # --------------------------------------------------------------------------
-# XLA, mixed precision, tracing
+# Mixed precision, and the data a fit holds
 # --------------------------------------------------------------------------
-
-# XLA fuses and reorders float arithmetic, so jit_compile=True differs from the
-# graph run by rounding; measured max |delta| 2.4e-7 on this model (3 epochs).
-XLA_TOLERANCE = 1e-5
-
-
-@pytest.mark.slow
-def test_jit_compile_equals_graph_execution(seed):
-    val = lambda: dict(x=DATA["x_val"], y=DATA["y_val"], batch_size=16)  # noqa: E731
-    fit = lambda: dict(x=X, y=Y, batch_size=16, epochs=3, shuffle=False, validation_data=(DATA["x_val"], DATA["y_val"]))  # noqa: E731
-    compile_kwargs = dict(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-    graph = parity.train(
-        functional,
-        custom_fit.CustomModel,
-        seed=seed,
-        compile_kwargs=dict(compile_kwargs, jit_compile=False),
-        fit_args=fit,
-        eval_args=val,
-    )
-    xla = parity.train(
-        functional,
-        custom_fit.CustomModel,
-        seed=seed,
-        compile_kwargs=dict(compile_kwargs, jit_compile=True),
-        fit_args=fit,
-        eval_args=val,
-    )
-    assert xla.model.jit_compile is True
-    parity.assert_same(f"jit_compile=True vs False (tol {XLA_TOLERANCE:g})", graph, xla, tolerance=XLA_TOLERANCE)
-
-
-class HostCallback(custom_fit.CustomModel):
-    """Calls back into Python, which XLA cannot compile."""
-
-    def __init__(self):
-        super().__init__()
-        self.dense = keras.layers.Dense(parity.N_CLASSES, activation="softmax")
-
-    def call(self, x):
-        x = tf.ensure_shape(tf.numpy_function(lambda a: a, [x], tf.float32, stateful=False), x.shape)
-        return self.dense(x)
-
-
-@pytest.mark.parametrize("method", ["fit", "evaluate", "predict"])
-def test_op_xla_cannot_compile_names_the_fix(method):
-    model = HostCallback()
-    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", jit_compile=True)
-    call = {
-        "fit": lambda: model.fit(X, Y, verbose=0),
-        "evaluate": lambda: model.evaluate(X, Y, verbose=0),
-        "predict": lambda: model.predict(X, verbose=0),
-    }[method]
-    with pytest.raises(
-        ValueError,
-        match=(
-            r"XLA cannot compile the step of model .*op PyFuncStateless has no XLA kernel.*Expected "
-            r"every op.*jit_compile=True.*Fix: `model.compile\(..., jit_compile=False\)`"
-        ),
-    ) as raised:
-        call()
-    # What Keras raises, so that `except tf.errors.InvalidArgumentError` written for Keras still catches it
-    # (fails on 203ddd1: tf_keras' own test_verify_xla_compile_with_jit_compile with the swap caught it).
-    assert isinstance(raised.value, tf.errors.InvalidArgumentError)
-    assert "(TensorFlow: Graph execution error" in str(raised.value)
-    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", jit_compile=False)
-    call()  # the named fix works
 
 
 def test_second_optimizer_is_loss_scaled_under_mixed_precision(mixed_float16):
@@ -369,35 +236,6 @@ def test_second_optimizer_is_loss_scaled_under_mixed_precision(mixed_float16):
     )
     assert int(model.head_optimizer.iterations) == 3
     assert parity.max_delta(body_before, model.body.get_weights()) > 0, "float16 gradients underflowed"
-
-
-class CountsTraces(custom_fit.CustomModel):
-    traces: ClassVar[dict[str, int]] = {"train": 0, "test": 0}
-
-    def train_step(self, data):
-        CountsTraces.traces["train"] += 1  # Python code runs only while tracing
-        return super().train_step(data)
-
-    def test_step(self, data):
-        CountsTraces.traces["test"] += 1
-        return super().test_step(data)
-
-
-@pytest.mark.parametrize("steps_per_execution", [1, 4])
-def test_no_retracing_across_epochs(steps_per_execution):
-    CountsTraces.traces = {"train": 0, "test": 0}
-    model = functional(CountsTraces)
-    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", steps_per_execution=steps_per_execution)
-    model.fit(X, Y, batch_size=16, epochs=3, validation_data=(DATA["x_val"], DATA["y_val"]), verbose=0)
-    # At most one trace for full batches and one, with a relaxed batch dimension,
-    # for the partial last batch (99 = 6 x 16 + 3); none per epoch. tf_keras'
-    # autograph loop traces the step twice per shape when steps_per_execution > 1
-    # (plain tf_keras measured the same: 4 train and 2 test traces).
-    limit = 4 if custom_fit.KERAS_2 and steps_per_execution > 1 else 2
-    assert CountsTraces.traces["train"] <= limit and CountsTraces.traces["test"] <= 2, CountsTraces.traces
-    traces = dict(CountsTraces.traces)
-    model.fit(X, Y, batch_size=16, epochs=2, verbose=0)
-    assert CountsTraces.traces == traces, "a second fit() must not trace again"
 
 
 @pytest.mark.parametrize(
@@ -489,70 +327,6 @@ def test_fit_turns_autotuning_off_only_for_the_pipelines_it_builds(data, monkeyp
         assert autotuned["CustomModel"] and not any(autotuned["CustomModel"])
     else:  # the user's training dataset keeps autotuning; the validation arrays' pipeline does not
         assert True in autotuned["CustomModel"] and False in autotuned["CustomModel"]
-
-
-def test_minimize_with_no_variables_warns():
-    class Empty(custom_fit.CustomModel):
-        def train_step(self, data):
-            x, y = data
-            with tf.GradientTape() as tape:
-                loss = self.compute_loss(x, y, self(x))
-            self.minimize(loss, tape, [])
-            return {"loss": loss}
-
-    model = functional(Empty)
-    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
-    with pytest.warns(
-        UserWarning,
-        match=r"minimize\(\) received no variables to update, so nothing is trained. Expected trainable variables",
-    ):
-        model.fit(X, Y, epochs=1, verbose=0)
-
-
-def test_log_values_needs_compile():
-    class Logs(custom_fit.CustomModel):
-        logged_values = ("d_loss",)
-
-    model = functional(Logs)
-    with pytest.raises(
-        ValueError,
-        match=(
-            r"log_values\(\) needs a compiled model: expected `compile\(\)` to have created trackers "
-            r"for \['d_loss'\].*Fix: call `model.compile"
-        ),
-    ):
-        model.log_values(X, d_loss=1.0)
-
-
-def test_fit_without_any_loss_says_no_loss_was_found():
-    """Fails on 7a9ee83 (Keras 2): TypeError from tape.gradient(None); tf_keras.Model raises "No loss found"."""
-    model = custom_fit.CustomSequential([keras.Input((1,)), keras.layers.Dense(1)])
-    model.compile("sgd")
-    x = np.ones((10, 1), "float32")
-    if custom_fit.KERAS_2:  # Keras 2's compute_loss returns None: the same error type and first words as tf_keras
-        with pytest.raises(ValueError, match=r"No loss found\. CustomSequential\.minimize\(\) received loss=None.*Fix"):
-            model.fit(x, x, epochs=1, verbose=0)
-        plain = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
-        plain.compile("sgd")
-        with pytest.raises(ValueError, match="No loss found"):
-            plain.fit(x, x, epochs=1, verbose=0)
-    else:  # Keras 3's own compute_loss raises first, as for keras.Model
-        with pytest.raises(ValueError, match="No loss to compute"):
-            model.fit(x, x, epochs=1, verbose=0)
-
-
-def test_minimize_with_a_loss_of_none_says_so():
-    class NoLoss(custom_fit.CustomModel):
-        def train_step(self, data):
-            with tf.GradientTape() as tape:
-                self(data[0], training=True)
-            self.minimize(None, tape, self.trainable_variables)
-            return {}
-
-    model = functional(NoLoss)
-    model.compile("sgd")
-    with pytest.raises(ValueError, match=r"No loss found\. NoLoss\.minimize\(\) received loss=None"):
-        model.fit(X, Y, epochs=1, verbose=0)
 
 
 @pytest.mark.keras3
