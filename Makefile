@@ -47,7 +47,8 @@ test-fast: $(STAMP)
 COMPAT_ROWS ?= keras-3.8 keras-3.12 keras-3.16-nightly tensorflow-2.22-rc tf_keras-2.17
 COMPAT_TESTS := tests/end_to_end/test_model_parity.py tests/test_compiled.py tests/test_optimizers.py tests/test_gan.py \
 	tests/test_saving.py tests/test_functional.py tests/end_to_end/test_distribute.py tests/compat/test_internals.py \
-	tests/test_gradient_contract.py tests/compat/test_keras2_idioms.py tests/compat/test_keras2.py tests/test_public_api.py
+	tests/test_gradient_contract.py tests/compat/test_keras2_idioms.py tests/compat/test_keras2.py tests/test_public_api.py \
+	tests/test_deprecated.py tests/test_random.py
 # Not in the rows: the two-process MultiWorkerMirrored runs and the 100-epoch GAN image quality
 # check (both run on the pinned stack in `make test`; the rows check behaviour, not image quality).
 COMPAT_DESELECT := not two_workers and not digits_gan_image_grid
