@@ -6,7 +6,7 @@ define, with its signature. Type checkers check both modules against it (a
 module can implement a ``Protocol``; see the ``TYPE_CHECKING`` block below),
 and :mod:`custom_fit._compat` hands the rest of the package the one in use
 typed as the contract, so callers see these signatures, not one Keras' own.
-``tests/compat/test_facade.py`` compares the signatures at run time too (names,
+``tests/compat/test_contract.py`` compares the signatures at run time too (names,
 kinds and defaults of the parameters), on whichever Keras a row installs.
 
 Keras and tf_keras ship no type information, so a Keras object is

@@ -1,4 +1,6 @@
-"""Keras 2's legacy optimizers in CustomModel, as tf_keras.Model takes them (tf_keras only).
+"""custom_fit._compat.keras2 (tf_keras only): legacy optimizers, Keras 3 objects refused by name, tf_keras' graph.
+
+Keras 2's legacy optimizers in CustomModel, as tf_keras.Model takes them:
 
 ``tf_keras.optimizers.legacy.*`` (``OptimizerV2``) and ``tf.compat.v1.train.*Optimizer``
 (wrapped by ``compile`` as ``TFOptimizer``): on 7a9ee83 ``fit`` raised "'RMSprop' object has no
@@ -8,21 +10,29 @@ model". About 105 of tf_keras' own engine tests failed that way with the classes
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable
 from typing import Any
 
+import keras as keras3
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import custom_fit
-from custom_fit import keras
+from custom_fit import _compat, keras
 from tests import parity
 
 pytestmark = pytest.mark.keras2
 
 DATA = parity.classification_data()
 X, Y = DATA["x"], DATA["y"]
+
+
+def small_model():
+    inputs = keras.Input((4,))
+    return custom_fit.CustomModel(inputs, keras.layers.Dense(1)(inputs))
+
 
 LEGACY: dict[str, Callable[[], Any]] = {
     "legacy.SGD(momentum)": lambda: keras.optimizers.legacy.SGD(0.1, momentum=0.9),
@@ -177,3 +187,99 @@ def test_minimize_takes_a_legacy_optimizer_instance():
     assert int(model.extra.iterations) > 0
     assert parity.max_delta(before, model.get_weights()) > 0
     assert np.all(np.isfinite(model.predict(X, verbose=0)))
+
+
+KERAS_3_NEEDED = (
+    r"needs Keras 3 \(keras>=3.0\); this process runs Keras 2 \(tf_keras [\d.]+\) because TF_USE_LEGACY_KERAS=1"
+)
+
+
+@pytest.mark.keras2
+def test_keras3_optimizer_with_gradient_accumulation_names_the_keras_version():
+    model = small_model()
+    with pytest.raises(
+        ValueError,
+        match=r"An optimizer with gradient_accumulation_steps=4 \(received for CustomModel '.*', a tf_keras model\) "
+        + KERAS_3_NEEDED
+        + r".*Fix: pass a tf.keras optimizer, e.g. tf.keras.optimizers.Adam\(\) and accumulate gradients in train_step",
+    ):
+        model.compile(optimizer=keras3.optimizers.Adam(gradient_accumulation_steps=4), loss="mse")
+
+
+@pytest.mark.keras2
+def test_keras3_objects_in_compile_name_the_keras_version():
+    model = small_model()
+    with pytest.raises(
+        ValueError, match=r"The Keras 3 optimizer SGD .*" + KERAS_3_NEEDED + r".*tf.keras.optimizers.SGD\(\)"
+    ):
+        model.compile(optimizer={"generator": keras3.optimizers.SGD()}, loss="mse")
+    with pytest.raises(
+        ValueError,
+        match=r"The Keras 3 object MeanSquaredError passed as compile\(loss=...\) "
+        + KERAS_3_NEEDED
+        + r".*Fix: use tf.keras.losses.MeanSquaredError",
+    ):
+        model.compile(optimizer="sgd", loss=keras3.losses.MeanSquaredError())
+    with pytest.raises(ValueError, match=r"compile\(auto_scale_loss=...\) " + KERAS_3_NEEDED + r".*Fix: leave it out"):
+        model.compile(optimizer="sgd", loss="mse", auto_scale_loss=False)
+
+
+@pytest.mark.keras2
+def test_keras3_tensors_are_rejected_before_keras2_rewrites_the_class():
+    inputs = keras3.Input((4,))
+    with pytest.raises(
+        ValueError,
+        match=(
+            r"received are Keras 3 tensors \(keras.*KerasTensor, from `import keras`\)\. Expected "
+            r"tensors from tf.keras.Input\(...\)\. Fix:"
+        ),
+    ):
+        custom_fit.CustomModel(inputs, keras3.layers.Dense(1)(inputs))
+    # The class is intact: a subclass with its own __init__ still works.
+    model = small_model()
+    model.compile(optimizer="sgd", loss="mse")
+    model.fit(np.ones((4, 4)), np.ones((4, 1)), verbose=0)
+    assert _compat.version.Functional not in custom_fit.CustomModel.__bases__
+
+
+@pytest.mark.keras2
+def test_keras3_only_names_say_so_on_keras2():
+    model = small_model()
+    model.compile(optimizer="sgd", loss="mse")
+    for cls, attribute in (
+        (custom_fit.CompiledLoss, "compiled_loss"),
+        (custom_fit.CompiledMetrics, "compiled_metrics"),
+    ):
+        with pytest.raises(
+            ValueError,
+            match=(
+                rf"custom_fit.{cls.__name__} gives Keras 3 models Keras 2's `model.{attribute}`; this "
+                rf"process runs Keras 2 \(tf_keras .*Fix: use `model.{attribute}` itself"
+            ),
+        ):
+            cls(model)
+
+
+def _op_types(graph) -> collections.Counter:
+    """Op types in ``graph`` and in every function it calls."""
+    counts = collections.Counter(op.type for op in graph.get_operations())
+    for function in graph._functions.values():
+        if hasattr(function, "graph"):
+            counts.update(_op_types(function.graph))
+    return counts
+
+
+@pytest.mark.keras2
+@pytest.mark.parametrize("steps_per_execution", [1, 4])
+def test_keras2_training_graph_has_the_same_ops_as_tf_keras(steps_per_execution):
+    """Speed parity without timing: the traced train function is tf_keras' own, op for op."""
+    x, y = np.random.default_rng(0).normal(size=(64, 4)).astype("float32"), np.zeros((64, 1), "float32")
+    graphs = {}
+    for base in (keras.Model, custom_fit.CustomModel):
+        inputs = keras.Input((4,))
+        model = base(inputs, keras.layers.Dense(1)(keras.layers.Dense(8, activation="relu")(inputs)))
+        model.compile(optimizer="adam", loss="mse", metrics=["mae"], steps_per_execution=steps_per_execution)
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+        functions = model.train_tf_function._list_all_concrete_functions()
+        graphs[base] = (len(functions), sum((_op_types(f.graph) for f in functions), collections.Counter()))
+    assert graphs[custom_fit.CustomModel] == graphs[keras.Model]
