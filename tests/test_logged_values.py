@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import custom_fit
 from custom_fit import keras
+from custom_fit._logged_values import flat_logs, trackers_of
 from tests import parity
 
 DATA = parity.classification_data()
@@ -30,3 +32,30 @@ def test_log_values_needs_compile():
         ),
     ):
         model.log_values(X, d_loss=1.0)
+
+
+class TwoLosses(custom_fit.CustomModel):
+    logged_values = ("d_loss", "g_loss")
+
+
+def test_logged_values_are_batch_size_weighted_means():
+    model = functional(TwoLosses)
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    model.log_values(np.zeros((2, parity.N_FEATURES), "float32"), d_loss=1.0, g_loss=4.0)
+    model.log_values(6, d_loss=3.0)  # a batch given by its size
+    trackers = trackers_of(model)
+    assert float(trackers["d_loss"].result()) == (2 * 1.0 + 6 * 3.0) / 8
+    assert float(trackers["g_loss"].result()) == 4.0
+
+
+def test_log_values_refuses_a_name_the_model_does_not_declare():
+    model = functional(TwoLosses)
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    with pytest.raises(ValueError, match=r"log_values\(\) received 'kl_loss', which is not in .*Fix: add 'kl_loss'"):
+        model.log_values(4, kl_loss=1.0)
+
+
+def test_flat_logs_lifts_nested_dicts_into_the_logs():
+    step = flat_logs(lambda data: {"loss": 1.0, "compile_metrics": {"accuracy": 0.5, "mae": 2.0}})
+    assert step(None) == {"loss": 1.0, "accuracy": 0.5, "mae": 2.0}
+    assert flat_logs(lambda data: [1.0])(None) == [1.0]  # not a dict: as it is

@@ -1,0 +1,68 @@
+"""custom_fit._compat.keras3 (Keras 3 only): the Keras 3 private names custom_fit reads, each behind one helper.
+
+Imported inside the tests: importing the module on Keras 2 would load Keras 3's internals.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import custom_fit
+from custom_fit import keras
+
+pytestmark = pytest.mark.keras3
+
+
+def small_model(base=custom_fit.CustomModel):
+    inputs = keras.Input((3,))
+    return base(inputs, keras.layers.Dense(1)(inputs))
+
+
+def test_is_compiled_follows_compile():
+    from custom_fit._compat import keras3
+
+    model = small_model()
+    assert keras3.is_compiled(model) is False
+    model.compile(optimizer="sgd", loss="mse")
+    assert keras3.is_compiled(model) is True
+
+
+def test_call_accepts_training_reads_the_signature_of_call():
+    from custom_fit._compat import keras3
+
+    class WithTraining(custom_fit.CustomModel):
+        def call(self, x, training=False):
+            return x
+
+    class WithoutTraining(custom_fit.CustomModel):
+        def call(self, x):
+            return x
+
+    assert keras3.call_accepts_training(WithTraining()) is True
+    assert keras3.call_accepts_training(WithoutTraining()) is False
+
+
+def test_scaling_for_distribution_is_the_identity_on_one_replica_and_undone_by_its_inverse():
+    from custom_fit._compat import keras3
+
+    loss = np.float32(2.5)
+    assert float(keras3.scale_loss_for_distribution(loss)) == 2.5
+    assert float(keras3.unscale_loss_for_distribution(keras3.scale_loss_for_distribution(loss))) == 2.5
+
+
+def test_is_functional_call_is_keras_own_test_of_the_arguments():
+    from custom_fit._compat import keras3
+
+    inputs = keras.Input((3,))
+    outputs = keras.layers.Dense(1)(inputs)
+    assert keras3.is_functional_call((inputs, outputs), {}) is True
+    assert keras3.is_functional_call((), {"inputs": inputs, "outputs": outputs}) is True
+    assert keras3.is_functional_call((), {"name": "net"}) is False
+
+
+def test_variable_names_are_the_variables_paths():
+    from custom_fit._compat import keras3
+
+    model = small_model()
+    assert keras3.variable_names(model, model.trainable_variables) == [v.path for v in model.trainable_variables]
