@@ -1,5 +1,5 @@
 """The package's shape, as DESIGN.md fixes it: no import circle, no frame inspection, no ``threading.local``,
-one place that creates optimizer state.
+one place that creates optimizer state; and tests/ mirrors the package (a test module per module).
 
 Checked on the source (``ast``), so a change that brings one back fails here
 with the module and line, whichever Keras runs.
@@ -198,3 +198,89 @@ def test_the_call_finder_names_the_enclosing_function(tmp_path: Path) -> None:
     source = tmp_path / "module.py"
     source.write_text("def f(o):\n    g(o.build_optimizer(1))\n\nclass C:\n    def m(self):\n        build_member()\n")
     assert _calls_by_function(source, {"build_optimizer", "build_member"}) == [("f", 2), ("m", 6)]
+
+
+# --------------------------------------------------------------------------
+# tests/ mirrors the package
+# --------------------------------------------------------------------------
+
+TESTS = Path(__file__).parents[1]
+
+#: Modules with no test module of their own, each with the reason.
+EXEMPT = {
+    "custom_fit/_host.py": "a declaration for type checkers (``object`` at run time): mypy checks it, nothing runs",
+    "custom_fit/_trainer/__init__.py": "a docstring (the trainer's map of its modules): no code",
+}
+
+#: Package ``__init__``s tested under another name.
+PACKAGE_TESTS = {
+    "custom_fit/__init__.py": "tests/test_public_api.py",
+    "custom_fit/_compat/__init__.py": "tests/compat/test_facade.py",
+}
+
+#: The package's subpackages and the folder of tests/ that mirrors each.
+SUBPACKAGES = {"_trainer": "trainer", "_compat": "compat"}
+
+#: The suites that test across modules (parity with Keras, distributed runs, docs, examples, tools).
+END_TO_END = "end_to_end"
+
+
+def mirror(module: str) -> str | None:
+    """The test module of ``custom_fit/...py`` (a path from the repository's root), ``None`` for a package's own.
+
+    ``custom_fit/<name>.py`` and ``custom_fit/_<name>.py``: ``tests/test_<name>.py``;
+    ``custom_fit/_trainer/<name>.py``: ``tests/trainer/test_<name>.py``; ``custom_fit/_compat/<name>.py``:
+    ``tests/compat/test_<name>.py``.
+    """
+    *packages, file = Path(module).parts[1:]
+    if file == "__init__.py":
+        return PACKAGE_TESTS.get(module)
+    folders = [SUBPACKAGES[package] for package in packages]
+    return Path("tests", *folders, "test_" + file.removeprefix("_")).as_posix()
+
+
+def _package_modules() -> list[str]:
+    return sorted(path.relative_to(PACKAGE.parent).as_posix() for path in PACKAGE.rglob("*.py"))
+
+
+def _has_test_module(module: str) -> bool:
+    test_module = mirror(module)
+    return test_module is not None and (PACKAGE.parent / test_module).is_file()
+
+
+def test_every_module_has_its_test_module_or_a_reason_why_not() -> None:
+    missing = [
+        f"{module}: expected {mirror(module)}"
+        for module in _package_modules()
+        if module not in EXEMPT and not _has_test_module(module)
+    ]
+    assert missing == [], "a module without a test module: add it, or an EXEMPT entry with the reason"
+
+
+def test_every_test_module_mirrors_a_module_or_is_end_to_end() -> None:
+    """A test module left behind by a module's rename or removal fails here, as one no module maps to."""
+    mirrors = {mirror(module) for module in _package_modules()} - {None}
+    stray = [
+        path.as_posix()
+        for path in sorted(p.relative_to(PACKAGE.parent) for p in TESTS.rglob("test_*.py"))
+        if path.as_posix() not in mirrors and path.parts[1] != END_TO_END
+    ]
+    assert stray == [], f"test modules that mirror no module: move them to tests/{END_TO_END}/ or rename them"
+
+
+def test_exemptions_name_modules_that_exist_and_have_no_test_module() -> None:
+    modules = set(_package_modules())
+    assert [m for m in [*EXEMPT, *PACKAGE_TESTS] if m not in modules] == []
+    assert [m for m in EXEMPT if _has_test_module(m)] == [], "exempt, yet it has a test module: drop the entry"
+    assert all(reason.strip() for reason in EXEMPT.values())
+
+
+def test_the_mirror_gives_each_module_its_own_test_module() -> None:
+    modules = _package_modules()
+    mirrors = [mirror(module) for module in modules if mirror(module)]
+    assert len(mirrors) == len(set(mirrors)), "two modules map to one test module (e.g. x.py and _x.py)"
+    assert mirror("custom_fit/_backup_store.py") == "tests/test_backup_store.py"
+    assert mirror("custom_fit/gan.py") == "tests/test_gan.py"
+    assert mirror("custom_fit/_trainer/step_fusion.py") == "tests/trainer/test_step_fusion.py"
+    assert mirror("custom_fit/_compat/keras2_loop.py") == "tests/compat/test_keras2_loop.py"
+    assert mirror("custom_fit/_trainer/__init__.py") is None
