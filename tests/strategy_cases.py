@@ -174,6 +174,14 @@ def mirrored_fusion():
         results[f"spe/custom/{spe}"] = deltas(one, fused["ok"]) if "ok" in fused else fused
     plain = attempt(lambda: run(keras.Model, "base", strategy, steps_per_execution=4))
     results["spe/keras/4"] = {"error": plain.get("error", "")} if "error" in plain else {"ok": True}
+    # validation_freq=Steps(4): 18 steps, runs after 4, 8, 12, 16; fused executions end at runs.
+    every = {"validation_freq": custom_fit.Steps(4)}
+    single = run(custom_fit.CustomModel, "base", fit_kwargs=every)
+    mirrored = run(custom_fit.CustomModel, "base", strategy, fit_kwargs=every)
+    fused = run(custom_fit.CustomModel, "base", strategy, fit_kwargs=every, steps_per_execution=3)
+    results["steps/val_step"] = mirrored["history"]["val_step"]
+    results["steps/mirrored_vs_single"] = deltas(single, mirrored)
+    results["steps/fused_vs_one_step"] = deltas(mirrored, fused)
     return results
 
 
@@ -552,17 +560,22 @@ def worker(index: int, ports: list[int]):
     evaluation = model.evaluate(d["x_val"], d["y_val"], batch_size=GLOBAL_BATCH, verbose=0, return_dict=True)
 
     # The same with NumPy input (Keras shards it) and with plain keras.Model.
-    def numpy_fit(base):
+    def numpy_fit(base, **fit_kwargs):
         keras.utils.set_random_seed(SEED)
         with strategy.scope():
             model = build(base, "base")
             model.compile(**compile_kwargs("base"))
-        model.fit(d["x"], d["y"], batch_size=GLOBAL_BATCH, epochs=3, shuffle=False, verbose=0)
-        return [w.tolist() for w in model.get_weights()]
+        history = model.fit(d["x"], d["y"], batch_size=GLOBAL_BATCH, epochs=3, shuffle=False, verbose=0, **fit_kwargs)
+        return [w.tolist() for w in model.get_weights()], history.history
 
     plain = attempt(lambda: numpy_fit(keras.Model))
+    # validation_freq=Steps(4) on both workers (18 steps: runs after 4, 8, 12, 16).
+    steps_weights, steps_history = numpy_fit(
+        custom_fit.CustomModel, validation_data=(d["x_val"], d["y_val"]), validation_freq=custom_fit.Steps(4)
+    )
     return {
-        "numpy_weights": numpy_fit(custom_fit.CustomModel),
+        "steps": {"weights": steps_weights, "history": steps_history},
+        "numpy_weights": numpy_fit(custom_fit.CustomModel)[0],
         "keras_model": {"error": plain["error"]} if "error" in plain else {"ok": True},
         "evaluate": {k: float(v) for k, v in evaluation.items()},
         "workers": strategy.cluster_resolver.cluster_spec().num_tasks("worker"),
@@ -608,10 +621,18 @@ def single_process_reference():
     model.compile(**compile_kwargs("base"))
     history = model.fit(d["x"], d["y"], batch_size=GLOBAL_BATCH, epochs=3, shuffle=False, verbose=0)
     evaluation = model.evaluate(d["x_val"], d["y_val"], batch_size=GLOBAL_BATCH, verbose=0, return_dict=True)
+    keras.utils.set_random_seed(SEED)
+    steps = build(custom_fit.CustomModel, "base")
+    steps.compile(**compile_kwargs("base"))
+    steps_history = steps.fit(
+        d["x"], d["y"], batch_size=GLOBAL_BATCH, epochs=3, shuffle=False, verbose=0,
+        validation_data=(d["x_val"], d["y_val"]), validation_freq=custom_fit.Steps(4),
+    )  # fmt: skip
     return {
         "weights": [w.tolist() for w in model.get_weights()],
         "history": history.history,
         "evaluate": {k: float(v) for k, v in evaluation.items()},
+        "steps": {"weights": [w.tolist() for w in steps.get_weights()], "history": steps_history.history},
     }
 
 

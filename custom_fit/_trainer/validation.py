@@ -71,7 +71,7 @@ class Steps:
 
     An ``int`` or a list as ``validation_freq`` keeps Keras' meaning (epochs).
     What each callback sees: :mod:`custom_fit._trainer.validation`'s module
-    docstring, also in docs/callbacks.md.
+    docstring, also in docs/training_controls.md.
 
     Args:
         every: The number of training steps between two validation runs (>= 1).
@@ -140,10 +140,17 @@ class ValidationSchedule:
         return trained // self.every - 1
 
     def capped(self, plan: Callable[[int | None], int], trained: Callable[[], int]) -> Callable[[int | None], int]:
-        """``plan`` (asked for an execution's steps), at most the steps left until the next run."""
+        """``plan`` (asked for an execution's steps), at most the steps left until the next run.
+
+        Also at most ``remaining``, the steps left in the epoch (``None``:
+        unknown), which a fixed plan does not cut (Keras' step function stops
+        at the epoch's end): the loop counts the steps trained from what
+        the executions were planned to run.
+        """
 
         def plan_to_next_run(remaining: int | None) -> int:
-            return min(plan(remaining), self.every - trained() % self.every)
+            steps = min(plan(remaining), self.every - trained() % self.every)
+            return steps if remaining is None else min(steps, remaining)
 
         return plan_to_next_run
 

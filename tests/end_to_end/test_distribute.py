@@ -135,6 +135,17 @@ def test_mirrored_steps_per_execution_equals_one_step(mirrored_fusion, steps):
     assert deltas == {"weights": 0.0, "history": 0.0, "evaluate": 0.0, "predict": 0.0}
 
 
+@pytest.mark.xdist_group("mirrored_fusion")
+def test_validation_every_n_steps_under_mirrored_strategy(mirrored_fusion):
+    """validation_freq=Steps(4): the same runs as one device (float tolerance), fused executions end at runs."""
+    assert mirrored_fusion["steps/val_step"] == [4, 8, 12, 16]
+    single = mirrored_fusion["steps/mirrored_vs_single"]
+    parity.record(f"Mirrored x2 vs 1 device, Steps(4) validation (tol {SINGLE_DEVICE_TOLERANCE:g})", **single)
+    assert max(single.values()) <= SINGLE_DEVICE_TOLERANCE, single
+    fused = mirrored_fusion["steps/fused_vs_one_step"]
+    assert fused == {"weights": 0.0, "history": 0.0, "evaluate": 0.0, "predict": 0.0}
+
+
 @pytest.mark.keras3
 @pytest.mark.xdist_group("mirrored_fusion")
 @pytest.mark.xfail(
@@ -238,6 +249,17 @@ def test_two_workers_equal_one_process_on_the_global_batch(two_workers):
     parity.record(f"MultiWorker x2 (shards) vs 1 process (tol {SINGLE_DEVICE_TOLERANCE:g})", **deltas)
     assert max(deltas.values()) <= SINGLE_DEVICE_TOLERANCE, deltas
     assert parity.max_delta(w0["numpy_weights"], single["weights"]) <= SINGLE_DEVICE_TOLERANCE
+
+
+@pytest.mark.xdist_group("multi_worker")
+def test_two_workers_validate_every_n_steps_as_one_process(two_workers):
+    """validation_freq=Steps(4) on two workers: runs after steps 4, 8, 12, 16, as one process (float tolerance)."""
+    (w0, w1), single = two_workers
+    assert w0["steps"]["history"]["val_step"] == [4, 8, 12, 16]
+    assert parity.max_delta(w0["steps"], w1["steps"]) == 0.0
+    deltas = {key: parity.max_delta(w0["steps"][key], single["steps"][key]) for key in ("weights", "history")}
+    parity.record(f"MultiWorker x2 vs 1 process, Steps(4) validation (tol {SINGLE_DEVICE_TOLERANCE:g})", **deltas)
+    assert max(deltas.values()) <= SINGLE_DEVICE_TOLERANCE, deltas
 
 
 @pytest.mark.keras3

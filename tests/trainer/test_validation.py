@@ -199,17 +199,18 @@ def test_an_epoch_without_a_run_logs_no_validation_values() -> None:
 
 @pytest.mark.parametrize("steps_per_execution", [3, "auto"])
 def test_fused_executions_end_at_runs_and_change_nothing(steps_per_execution: Any) -> None:
-    """Executions of 3 steps (or the tuner's) stop at each run: every value equals one step per execution."""
+    """Executions of 3 steps (or the tuner's) stop at each run and epoch end: every value equals one step each."""
     hooks, fused_hooks = Hooks(), Hooks()
     unfused, fused = model(), model(steps_per_execution)
-    expected = fit(unfused, 10, callbacks=[hooks])
-    got = fit(fused, 10, callbacks=[fused_hooks])
+    expected = fit(unfused, 7, callbacks=[hooks])
+    got = fit(fused, 7, callbacks=[fused_hooks])
     assert got.history == expected.history
+    assert got.history["val_step"] == [7, 14, 21, 28]
     for have, want in zip(fused.get_weights(), unfused.get_weights(), strict=True):
         np.testing.assert_array_equal(have, want)
-    if steps_per_execution == 3:  # batch hooks once per execution: 0-2 3-5 6-8 9 | 10-12 13-15 (epoch 0) ...
+    if steps_per_execution == 3:  # batch hooks once per execution: steps 1-3 4-6 7 | 8-10 11-13 14 | 15-16 (epoch end)
         ends = [item[1] for item in fused_hooks.seen if item[0] == "batch_end"]
-        assert ends[:6] == [2, 5, 8, 9, 12, 15]
+        assert ends[:8] == [2, 5, 6, 9, 12, 13, 15, 2]
 
 
 def test_data_of_unknown_length_validates_on_schedule() -> None:
