@@ -89,15 +89,20 @@ class Execution(NamedTuple):
     """What the train, test or predict function runs next: ``steps`` steps on ``iterator``.
 
     tf_keras' step functions read the number of steps from the model's
-    ``_steps_per_execution`` variable, which :class:`EpochIterator` has set;
-    ``sync``: the data's length is unknown, so the loop waits for the
-    execution before the next (tf_keras' ``DataHandler.should_sync``), where
-    running out of data raises.
+    ``_steps_per_execution`` variable (``steps_variable``) when they run:
+    :func:`run_execution` sets it to ``steps`` for the call and back to
+    ``fixed`` (``compile``'s number) after it, so that what runs between two
+    executions (callbacks, a validation run inside the epoch, which builds
+    and runs the test function) sees ``compile``'s number. ``sync``: the data's
+    length is unknown, so the loop waits for the execution before the next
+    (tf_keras' ``DataHandler.should_sync``), where running out of data raises.
     """
 
     iterator: Any
     steps: int
     sync: bool
+    steps_variable: Any = None
+    fixed: int = 1
 
 
 class EpochIterator:
@@ -128,7 +133,7 @@ class EpochIterator:
         self._handler = _data_adapter.get_data_handler(model=model, steps_per_execution=variable, **data)
         handler = self._handler
         self._variable = handler._steps_per_execution
-        self._fixed = self._assigned = int(self._variable.numpy())
+        self._fixed = int(self._variable.numpy())  # compile's: executions set it only while they run
         adapter = handler._adapter
         if isinstance(adapter, _data_adapter.TensorLikeDataAdapter):
             handler._dataset = dataset_without_autotuning(handler._dataset)
@@ -182,9 +187,8 @@ class EpochIterator:
         self._end_open_epoch()
 
     def close(self) -> None:
-        """Drops the data iterator and gives the model's ``_steps_per_execution`` its value back."""
+        """Drops the data iterator."""
         self._iterator = None
-        self._assign(self._fixed)
 
     def __enter__(self) -> EpochIterator:
         return self
@@ -206,22 +210,18 @@ class EpochIterator:
         if position is not None:
             position.reading(batches_before_step_0=self._batches_read - step)
         sync = handler.should_sync
-        try:
-            while handler._inferred_steps is None or step < handler._inferred_steps:
-                if handler._insufficient_data:  # set by catch_stop_iteration
-                    break
-                remaining = None if handler._inferred_steps is None else handler._inferred_steps - step
-                steps = self.plan(None if self._may_run_dry else remaining)
-                if remaining is not None:
-                    steps = min(steps, remaining)
-                self._assign(steps)
-                handler._current_step = step  # catch_stop_iteration reads it when the data runs out
-                self._batches_read += steps
-                yield step, steps, Execution(self._iterator, steps, sync)
-                step += steps
-                handler._current_step = step
-        finally:
-            self._assign(self._fixed)
+        while handler._inferred_steps is None or step < handler._inferred_steps:
+            if handler._insufficient_data:  # set by catch_stop_iteration
+                break
+            remaining = None if handler._inferred_steps is None else handler._inferred_steps - step
+            steps = self.plan(None if self._may_run_dry else remaining)
+            if remaining is not None:
+                steps = min(steps, remaining)
+            handler._current_step = step  # catch_stop_iteration reads it when the data runs out
+            self._batches_read += steps
+            yield step, steps, Execution(self._iterator, steps, sync, self._variable, self._fixed)
+            step += steps
+            handler._current_step = step
         self._epoch_open = True
         if position is not None:
             recreates = handler._adapter.should_recreate_iterator()
@@ -256,12 +256,6 @@ class EpochIterator:
         if self._epoch_open:
             self._epoch_open = False
             self._handler._adapter.on_epoch_end()
-
-    def _assign(self, steps: int) -> None:
-        """Sets the number of steps tf_keras' step functions run per call (read when they run)."""
-        if steps != self._assigned:
-            self._variable.assign(steps)
-            self._assigned = steps
 
 
 def _may_run_dry(handler: Any) -> bool:
@@ -384,10 +378,18 @@ def reset_counter(model: Any, kind: str) -> None:
 
 
 def run_execution(function: Callable[[Any], Any], execution: Execution) -> Any:
-    """Runs a train or test function (it takes the data iterator) on one execution."""
-    logs = function(execution.iterator)
-    if execution.sync:
-        _context.async_wait()  # the data may have run out in it: raise here, before its logs are used
+    """Runs a train or test function (it takes the data iterator) on one execution of ``execution.steps`` steps."""
+    variable, steps = execution.steps_variable, execution.steps
+    changes = variable is not None and steps != execution.fixed
+    if changes:
+        variable.assign(steps)  # read by the step function when it runs
+    try:
+        logs = function(execution.iterator)
+        if execution.sync:
+            _context.async_wait()  # the data may have run out in it: raise here, before its logs are used
+    finally:
+        if changes:
+            variable.assign(execution.fixed)
     return logs
 
 

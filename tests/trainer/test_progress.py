@@ -21,7 +21,10 @@ def test_state_dict_round_trip_starts_the_loaded_fit_where_the_other_stopped() -
     progress.epoch_begins(2)
     progress.step_begins(5)
     state = progress.state_dict()
-    assert state == {"epoch": 2, "step": 5, "iterator": 0, "skip": 5, "data_epoch": None}
+    assert state == {
+        "epoch": 2, "step": 5, "iterator": 0, "skip": 5, "data_epoch": None,
+        "trained_steps": 5, "validation_logs": None,
+    }  # fmt: skip
 
     resumed = Progress(data=EpochPosition())
     assert not resumed.loaded and resumed.first_epoch(initial_epoch=1) == 1
@@ -34,8 +37,41 @@ def test_after_the_epochs_steps_the_state_points_at_the_next_epoch() -> None:
     progress = Progress(data=None)  # Keras 2: no data position
     progress.epoch_begins(0)
     progress.step_begins(7)
+    progress.execution_ends(8)
     progress.epoch_ends()
-    assert progress.state_dict() == {"epoch": 1, "step": 0, "iterator": 0, "skip": 0, "data_epoch": None}
+    assert progress.state_dict() == {
+        "epoch": 1, "step": 0, "iterator": 0, "skip": 0, "data_epoch": None,
+        "trained_steps": 8, "validation_logs": None,
+    }  # fmt: skip
+
+
+def test_trained_steps_count_across_epochs_and_a_resume_keeps_the_epochs_last_run() -> None:
+    """What ``validation_freq=Steps(N)`` reads: steps since the fit began, and the last run inside the epoch."""
+    progress = Progress(data=None)
+    progress.epoch_begins(0)
+    progress.step_begins(0)
+    progress.execution_ends(4)
+    progress.epoch_ends()  # an epoch of 4 steps
+    progress.epoch_begins(1)
+    progress.step_begins(0)
+    progress.execution_ends(3)
+    progress.validated({"val_loss": 0.5})
+    progress.step_begins(3)
+    assert progress.trained_steps == 7
+    state = progress.state_dict()
+    assert (state["epoch"], state["step"], state["trained_steps"]) == (1, 3, 7)
+    assert state["validation_logs"] == {"val_loss": 0.5}
+
+    resumed = Progress(data=None)
+    resumed.load_state_dict(state)
+    assert resumed.trained_steps == 7  # the epoch iterator plans the first execution from here
+    resumed.epoch_begins(1)
+    assert resumed.validation_logs == {"val_loss": 0.5}  # the resumed epoch's logs keep that run
+    resumed.step_begins(3)
+    resumed.execution_ends(5)
+    resumed.epoch_ends()
+    resumed.epoch_begins(2)
+    assert resumed.trained_steps == 9 and resumed.validation_logs is None
 
 
 class _Recorder(keras.callbacks.Callback):

@@ -208,6 +208,11 @@ def test_fused_executions_end_at_runs_and_change_nothing(steps_per_execution: An
     assert got.history["val_step"] == [7, 14, 21, 28]
     for have, want in zip(fused.get_weights(), unfused.get_weights(), strict=True):
         np.testing.assert_array_equal(have, want)
+    # The runs inside epochs leave evaluate as compiled (Keras 2 built its test function for the
+    # steps of the execution before a run once: evaluate then read 1 batch of each 3).
+    assert fused.evaluate(X_VAL, Y_VAL, batch_size=4, verbose=0) == unfused.evaluate(
+        X_VAL, Y_VAL, batch_size=4, verbose=0
+    )
     if steps_per_execution == 3:  # batch hooks once per execution: steps 1-3 4-6 7 | 8-10 11-13 14 | 15-16 (epoch end)
         ends = [item[1] for item in fused_hooks.seen if item[0] == "batch_end"]
         assert ends[:8] == [2, 5, 6, 9, 12, 13, 15, 2]
