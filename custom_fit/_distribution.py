@@ -81,7 +81,8 @@ def explain_merge_call_errors(model: Any, function: Callable[..., Any]) -> Calla
     ``tf.function`` of the step (``tf.distribute`` does not support it: a
     branch cannot wait for the other replicas). The gradient-accumulation
     step that calls ``apply_gradients`` inside ``tf.cond`` every N batches is
-    the usual case.
+    the usual case; the optimizer's own ``gradient_accumulation_steps``
+    (Keras 3) works (:func:`custom_fit._compat.keras3.apply_across_replicas`).
     """
 
     def function_with_clear_merge_call_errors(*args: Any) -> Any:
@@ -97,10 +98,10 @@ def explain_merge_call_errors(model: Any, function: Callable[..., Any]) -> Calla
                 "apply accumulated gradients every N batches. Expected every optimizer update to run "
                 f"unconditionally in the step under {type(strategy).__name__}: the optimizer sums the "
                 f"{strategy.num_replicas_in_sync} replicas' gradients in a cross-replica merge_call, which "
-                "tf.distribute cannot run inside a branch (Keras' own gradient_accumulation_steps fails the "
-                "same way). Fix: call apply_gradients on every step, outside tf.cond. To update on more "
-                "samples at a time, raise the global batch size instead: the replicas' gradients are summed "
-                "every step already."
+                "tf.distribute cannot run inside a branch. Fix: call apply_gradients on every step, outside "
+                "tf.cond. To accumulate gradients over N steps, give the optimizer gradient_accumulation_steps=N "
+                "(Keras 3; CustomModel applies it across replicas: docs/scaling.md), or raise the global batch "
+                "size: the replicas' gradients are summed every step already."
             ) from error
 
     return function_with_clear_merge_call_errors

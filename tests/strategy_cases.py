@@ -299,6 +299,101 @@ def mirrored_contract():
     return results
 
 
+def accumulation_run(strategy=None, optimizer="sgd", policy="float32", steps_per_execution=1, named=False, scale=1.0):
+    """A model trained with gradient accumulation (Keras 3's ``gradient_accumulation_steps``), 3 epochs of 6 steps.
+
+    ``optimizer``: ``"sgd"`` (SGD, 4 steps) or ``"adam"`` (Adam with
+    ``global_clipnorm``, 3 steps); ``named``: a two-member group (Adam over
+    3 steps for the hidden layer, SGD over 2 for the output layer) in a step
+    with one ``minimize`` per member; ``scale`` multiplies the inputs (large
+    values overflow float16 gradients: the loss-scale optimizer skips steps).
+    Returns the weights, the history, the optimizers' variables (the
+    accumulators and the counter of accumulated steps included) and the
+    loss scale.
+    """
+    import custom_fit
+    from custom_fit import keras
+
+    def make(kind):
+        if kind == "sgd":
+            return keras.optimizers.SGD(0.1, momentum=0.5, gradient_accumulation_steps=4)
+        return keras.optimizers.Adam(0.01, global_clipnorm=0.5, gradient_accumulation_steps=3)
+
+    class TwoMembers(custom_fit.CustomModel):
+        logged_values = ("loss",)
+
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape(persistent=True) as tape:
+                loss = custom_fit.batch_mean(keras.losses.mean_squared_error(y, self(x, training=True)))
+            self.minimize(loss, tape, self.layers[1].trainable_variables, optimizer="hidden")
+            self.minimize(loss, tape, self.layers[2].trainable_variables, optimizer="out")
+            self.log_values(x, loss=loss)
+            return self.get_metrics_result()
+
+    d = data()
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        keras.utils.set_random_seed(SEED)
+        with strategy.scope() if strategy is not None else tf.distribute.get_strategy().scope():
+            inputs = keras.Input((8,))
+            hidden = keras.layers.Dense(16, activation="tanh")(inputs)
+            outputs = keras.layers.Dense(1, dtype="float32")(hidden)
+            if named:
+                model = TwoMembers(inputs, outputs)
+                group = {"hidden": make("adam"), "out": keras.optimizers.SGD(0.05, gradient_accumulation_steps=2)}
+                model.compile(optimizer=group, steps_per_execution=steps_per_execution)
+            else:
+                model = custom_fit.CustomModel(inputs, outputs)
+                model.compile(optimizer=make(optimizer), loss="mse", steps_per_execution=steps_per_execution)
+        y = (d["y"].astype("float32") - 1.0)[:, None]
+        history = model.fit(d["x"] * scale, y, batch_size=GLOBAL_BATCH, epochs=3, shuffle=False, verbose=0)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    optimizer = model.optimizer
+    members = list(getattr(optimizer, "optimizers", [optimizer]))
+    scale = getattr(optimizer, "dynamic_scale", None)
+    return {
+        "weights": [w.tolist() for w in model.get_weights()],
+        "history": history.history,
+        "optimizer": [np.asarray(v.numpy()).tolist() for member in members for v in member.variables],
+        "loss_scale": None if scale is None else float(scale.numpy()),
+    }
+
+
+def mirrored_accumulation():
+    """Gradient accumulation under the strategy vs one device (Keras 3's ``gradient_accumulation_steps``)."""
+    strategy = mirrored_strategy()
+    import custom_fit
+    from tests.parity import max_delta
+
+    if custom_fit.KERAS_2:
+        return {"skipped": "tf_keras optimizers have no gradient_accumulation_steps"}
+    results: dict[str, Any] = {}
+    cases: dict[str, dict[str, Any]] = {
+        "sgd": {"optimizer": "sgd"},
+        "adam": {"optimizer": "adam"},
+        "named": {"named": True},
+        "adam/mixed_float16": {"optimizer": "adam", "policy": "mixed_float16"},
+        # inputs x 3000: float16 gradients overflow at the first scales, so steps are skipped
+        "sgd/mixed_float16/skips": {"optimizer": "sgd", "policy": "mixed_float16", "scale": 3000.0},
+    }
+    for name, kwargs in cases.items():
+        single = accumulation_run(None, **kwargs)
+        mirrored = attempt(lambda kwargs=kwargs: accumulation_run(strategy, **kwargs))
+        if "error" in mirrored:
+            results[name] = mirrored
+            continue
+        mirrored = mirrored["ok"]
+        fused = accumulation_run(strategy, steps_per_execution=3, **kwargs)
+        results[name] = {
+            "vs_single": {k: max_delta(single[k], mirrored[k]) for k in ("weights", "history", "optimizer")},
+            "fused_vs_one_step": {k: max_delta(mirrored[k], fused[k]) for k in ("weights", "history", "optimizer")},
+            "loss_scale": [single["loss_scale"], mirrored["loss_scale"]],
+        }
+    return results
+
+
 def mirrored_gan():
     """A GAN (two named optimizers, seeded noise, steps_per_execution=2): the strategy vs one device."""
     strategy = mirrored_strategy()
@@ -573,7 +668,10 @@ def worker(index: int, ports: list[int]):
     steps_weights, steps_history = numpy_fit(
         custom_fit.CustomModel, validation_data=(d["x_val"], d["y_val"]), validation_freq=custom_fit.Steps(4)
     )
+    # Gradient accumulation (Keras 3): Adam over 3 steps on both workers.
+    accumulation = None if custom_fit.KERAS_2 else accumulation_run(strategy, "adam")
     return {
+        "accumulation": accumulation,
         "steps": {"weights": steps_weights, "history": steps_history},
         "numpy_weights": numpy_fit(custom_fit.CustomModel)[0],
         "keras_model": {"error": plain["error"]} if "error" in plain else {"ok": True},
@@ -633,6 +731,7 @@ def single_process_reference():
         "history": history.history,
         "evaluate": {k: float(v) for k, v in evaluation.items()},
         "steps": {"weights": [w.tolist() for w in steps.get_weights()], "history": steps_history.history},
+        "accumulation": None if custom_fit.KERAS_2 else accumulation_run(None, "adam"),
     }
 
 
@@ -642,6 +741,7 @@ GROUPS = {
     "mirrored_clipping": mirrored_clipping,
     "mirrored_contract": mirrored_contract,
     "mirrored_gan": mirrored_gan,
+    "mirrored_accumulation": mirrored_accumulation,
     "mirrored_existing_code": mirrored_existing_code,
     "single": single_process_reference,
 }

@@ -153,3 +153,37 @@ def test_an_optimizer_compiled_without_loss_scaling_equals_keras_model_in_mixed_
         assert type(model.optimizer).__name__ == "SGD"
         results[base] = model.get_weights()
     assert parity.max_delta(results[keras.Model], results[custom_fit.CustomModel]) == 0.0
+
+
+@pytest.mark.keras3
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
+def test_gradient_accumulation_on_one_device_equals_keras_model(policy):
+    """Keras 3's ``gradient_accumulation_steps``: one device runs Keras' own accumulation, bit for bit.
+
+    Under a strategy the same update runs in one cross-replica ``merge_call`` (group
+    ``mirrored_accumulation`` in ``tests/end_to_end/test_distribute.py``); here the path is Keras'.
+    """
+    from tests.strategy_cases import data
+
+    d = data()
+    results = []
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        for base in (keras.Model, custom_fit.CustomModel):
+            keras.utils.set_random_seed(4)
+            inputs = keras.Input((8,))
+            outputs = keras.layers.Dense(1, dtype="float32")(keras.layers.Dense(16, activation="tanh")(inputs))
+            model = base(inputs, outputs)
+            model.compile(optimizer=keras.optimizers.Adam(0.01, gradient_accumulation_steps=3), loss="mse")
+            history = model.fit(d["x"] * 100.0, d["y"][:, None], batch_size=16, epochs=2, shuffle=False, verbose=0)
+            results.append((model, history))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    (plain, plain_history), (custom, custom_history) = results
+    assert int(custom.optimizer.iterations) == int(plain.optimizer.iterations)
+    # 12 steps, 3 per update; in mixed_float16 inputs x 100 overflow the first steps' scaled gradients
+    assert int(custom.optimizer.iterations) == (4 if policy == "float32" else 3)
+    assert custom_history.history == plain_history.history
+    mine, theirs = custom.optimizer.variables + custom.weights, plain.optimizer.variables + plain.weights
+    for have, want in zip(mine, theirs, strict=True):
+        np.testing.assert_array_equal(np.asarray(have), np.asarray(want))

@@ -171,6 +171,12 @@ class KerasVersion(Protocol):
     def gradients_already_summed(self, optimizer: KerasObject) -> contextlib.AbstractContextManager[None]:
         """While it lasts, ``optimizer.apply_gradients`` does not sum the gradients across replicas again."""
 
+    def accumulation_steps(self, optimizer: KerasObject) -> int:
+        """How many steps' gradients ``optimizer`` accumulates per update (1: it updates every step)."""
+
+    def apply_across_replicas(self, optimizer: KerasObject, grads_and_vars: list[Any]) -> None:
+        """``optimizer.apply_gradients`` of gradients equal on every replica, in one cross-replica ``merge_call``."""
+
     def wrap_for_loss_scaling(self, optimizer: KerasObject, name: str) -> KerasObject:
         """``optimizer`` in a dynamic ``LossScaleOptimizer``."""
 

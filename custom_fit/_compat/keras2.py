@@ -65,6 +65,8 @@ __all__ = [
     "LossScaleOptimizer",
     "SeedGenerator",
     "TrainerHooks",
+    "accumulation_steps",
+    "apply_across_replicas",
     "build_optimizer",
     "call_accepts_training",
     "call_symbolically",
@@ -397,6 +399,16 @@ def sum_across_replicas(context: Any, optimizer: Any, grads_and_vars: list[Any])
 
 _already_summed = skippable_aggregation("aggregate_gradients")
 _already_summed_legacy = skippable_aggregation("_aggregate_gradients")
+
+
+def accumulation_steps(optimizer: Any) -> int:
+    """1: tf_keras' optimizers do not accumulate gradients."""
+    return 1
+
+
+def apply_across_replicas(optimizer: Any, grads_and_vars: list[Any]) -> None:
+    """Not used: only an accumulating optimizer needs it, and tf_keras' optimizers do not accumulate."""
+    raise NotImplementedError("tf_keras optimizers do not accumulate gradients")
 
 
 def gradients_already_summed(optimizer: Any) -> contextlib.AbstractContextManager[None]:

@@ -58,6 +58,8 @@ __all__ = [
     "LossScaleOptimizer",
     "SeedGenerator",
     "TrainerHooks",
+    "accumulation_steps",
+    "apply_across_replicas",
     "build_optimizer",
     "call_accepts_training",
     "call_symbolically",
@@ -418,6 +420,56 @@ def sum_across_replicas(context: Any, optimizer: Any, grads_and_vars: list[Any])
 #: ``with gradients_already_summed(optimizer):`` -- ``apply_gradients`` does not sum again
 #: (Keras 3 sums in ``_all_reduce_sum_gradients``, after clipping).
 gradients_already_summed = skippable_aggregation("_all_reduce_sum_gradients")
+
+
+def accumulation_steps(optimizer: Any) -> int:
+    """``gradient_accumulation_steps`` of ``optimizer`` (a ``LossScaleOptimizer``: its inner one's), else 1."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    return int(getattr(inner, "gradient_accumulation_steps", None) or 1)
+
+
+def apply_across_replicas(optimizer: Any, grads_and_vars: list[Any]) -> None:
+    """``optimizer.apply_gradients(grads_and_vars)`` from a replica, run once in cross-replica context.
+
+    For an update that is conditional inside the optimizer (gradient
+    accumulation: Keras 3 updates inside ``tf.cond`` every N-th step) under a
+    multi-replica strategy. A Keras optimizer called in a replica reaches the
+    other replicas through a ``merge_call`` in each branch, and
+    ``tf.distribute`` cannot wait for the other replicas inside a branch (the
+    error ``explain_merge_call_errors`` rewrites). Here the step makes one
+    ``merge_call``, unconditionally, and the whole ``apply_gradients`` runs in
+    its cross-replica context: its branches update each device's copy of the
+    variables (``strategy.extended.update``), which needs no replica to wait.
+
+    ``grads_and_vars`` must be equal on every replica (the gradient contract
+    sums them over replicas first), so the first local replica's gradients
+    stand for all: each device computes the update one device computes, as
+    Keras' own update does with its local gradient. Keras' optimizer code
+    asks ``tf.distribute`` for a ``merge_call`` itself (``maybe_merge_call``),
+    which cross-replica context cannot make; the strategy's
+    ``_use_merge_call`` answers "no" while the update is traced (TensorFlow's
+    own mode for XLA on GPUs, where the same functions run without it), so
+    those calls run the update functions directly. A ``LossScaleOptimizer``
+    runs its own cross-replica part (the finite check and its ``tf.cond``)
+    there too: its ``apply`` refuses cross-replica context, so its common
+    path (``_common_apply``, what it runs where no ``merge_call`` is made) is called.
+    """
+    pairs = [(g, v) for g, v in grads_and_vars if g is not None]  # as apply_gradients filters them
+    variables = [v for _, v in pairs]
+
+    def update(strategy: tf.distribute.Strategy, gradients: list[Any]) -> None:
+        local = [strategy.experimental_local_results(g)[0] for g in gradients]
+        extended = strategy.extended
+        extended._use_merge_call = lambda: False  # an instance attribute over the method, for this trace
+        try:
+            if isinstance(optimizer, LossScaleOptimizer):
+                optimizer._common_apply(local, variables)
+            else:
+                optimizer.apply_gradients(list(zip(local, variables, strict=True)))
+        finally:
+            del extended._use_merge_call  # the strategy's own method again
+
+    tf.distribute.get_replica_context().merge_call(update, args=([g for g, _ in pairs],))
 
 
 def wrap_for_loss_scaling(optimizer: Any, name: str) -> LossScaleOptimizer:
