@@ -142,12 +142,9 @@ class GradientPath:
             ]
             grads_and_vars = list(zip(gradients, [v for _, v in grads_and_vars], strict=True))
         with version.gradients_already_summed(optimizer) if self.summed else contextlib.nullcontext():
-            if self.summed and version.accumulation_steps(optimizer) > 1:
-                # The update is conditional (every N-th step): one merge_call, the branches in
-                # cross-replica context (docs/scaling.md, "Gradient accumulation").
-                version.apply_across_replicas(optimizer, list(grads_and_vars))
-            else:
-                optimizer.apply_gradients(grads_and_vars)
+            # An accumulating optimizer's update is conditional (every N-th step): under several
+            # replicas it runs in one merge_call (docs/scaling.md, "Gradient accumulation").
+            version.apply_gradients(optimizer, list(grads_and_vars), summed=self.summed)
 
     def check_handed_over(self, model: Any) -> None:
         """Raises if an ``apply_gradients`` override applied the gradients without :meth:`apply`.

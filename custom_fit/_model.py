@@ -122,7 +122,12 @@ class CustomModel(
                 parameters). ``clip_after_aggregation`` (custom_fit 0.2) is no
                 longer needed: optimizers always receive, and clip, the
                 gradient summed over replicas (``True`` warns, ``False``
-                raises).
+                raises). ``gradient_accumulation_steps=N`` (N >= 2) makes
+                every optimizer (each member of a group) update once per N
+                steps with the mean of their gradients, on both Kerases and
+                under ``tf.distribute`` strategies: Keras 3's optimizer
+                option, set on each; for tf_keras' optimizers, which have
+                none, custom_fit's (docs/scaling.md, "Gradient accumulation").
 
         A subclass whose own ``compile`` (the keras.io GAN pattern) calls
         ``super().compile()`` without an optimizer gets none, not RMSprop.
@@ -136,6 +141,7 @@ class CustomModel(
             optimizer = optimizers.DEFAULT_OPTIMIZER if type(self).compile is CustomModel.compile else None
         kwargs = gradient_contract.without_clip_after_aggregation(kwargs)
         version.check_compile_arguments(self, optimizer, dict(kwargs, loss=args[0]) if args else kwargs)
+        accumulation = optimizers.pop_accumulation_steps(kwargs)
         optimizer, kwargs = optimizers.for_compile(self, optimizer, kwargs)
         tuner = step_fusion.tuner_for(kwargs.get("steps_per_execution"))
         if tuner is not None:
@@ -145,6 +151,14 @@ class CustomModel(
         state_of(self).steps_tuner = tuner
         if tuner is not None:
             record_compile_option(self, "steps_per_execution", step_fusion.AUTO)
+        if accumulation is not None:
+            if self.optimizer is None:
+                raise ValueError(
+                    f"compile(gradient_accumulation_steps={accumulation}) accumulates an optimizer's gradients, "
+                    "but compile received no optimizer. Fix: pass optimizer=..., or leave the option out."
+                )
+            optimizers.accumulate_gradients(self, accumulation)
+            record_compile_option(self, "gradient_accumulation_steps", accumulation)
         state_of(self).logged_values = LoggedValues.for_model(self)
 
     @property

@@ -412,6 +412,34 @@ def ensure_state(optimizer: Any, variables: Sequence[Any], member: str | None = 
             version.build_optimizer(optimizer, list(variables))
 
 
+def pop_accumulation_steps(kwargs: dict[str, Any]) -> int | None:
+    """``compile(gradient_accumulation_steps=N)``'s ``N``, taken out of ``kwargs`` (``None`` if not given).
+
+    Raises:
+        ValueError: Not a whole number >= 2.
+    """
+    steps = kwargs.pop("gradient_accumulation_steps", None)
+    if steps is None:
+        return None
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
+        raise ValueError(
+            "compile(gradient_accumulation_steps) expects a whole number >= 2: the steps whose gradients make one "
+            f"update; received {steps!r}. Fix: pass e.g. gradient_accumulation_steps=4, or leave it out."
+        )
+    return steps
+
+
+def accumulate_gradients(model: Any, steps: int) -> None:
+    """Makes every optimizer of ``model`` (each member of a group) accumulate ``steps`` steps' gradients per update.
+
+    ``compile(gradient_accumulation_steps=steps)``: Keras 3's option of each
+    optimizer, custom_fit's own for tf_keras' (which have none).
+    """
+    compiled = model.optimizer
+    for member in compiled.optimizers if isinstance(compiled, NamedOptimizers) else [compiled]:
+        version.set_accumulation_steps(member, steps)
+
+
 def for_compile(model: Any, optimizer: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """The optimizer and keyword arguments ``CustomModel.compile`` passes on to Keras.
 

@@ -199,17 +199,18 @@ INPUTS: dict[str, Callable[[], dict[str, Any]]] = {
 def dropout_model(
     steps_per_execution: int | str = 1, dropout: bool = True, accumulate: int | None = None
 ) -> keras.Model:
-    """``accumulate``: Keras 3's ``gradient_accumulation_steps`` (one update every that many steps)."""
+    """``accumulate``: ``compile(gradient_accumulation_steps=accumulate)`` (one update every that many steps)."""
     dropout_layers = [keras.layers.Dropout(0.3)] if dropout else []
     model = custom_fit.CustomSequential(
         [keras.Input((6,)), keras.layers.Dense(16, activation="relu"), *dropout_layers, keras.layers.Dense(1)]
     )
     accumulation = {"gradient_accumulation_steps": accumulate} if accumulate else {}
     model.compile(
-        optimizer=keras.optimizers.Adam(1e-2, **accumulation),
+        optimizer=keras.optimizers.Adam(1e-2),
         loss="mse",
         metrics=["mae"],
         steps_per_execution=steps_per_execution,
+        **accumulation,
     )
     return model
 

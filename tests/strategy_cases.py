@@ -14,6 +14,7 @@ and read the measured results (max |delta| between runs, errors raised) from
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -94,8 +95,7 @@ def run(base, kind, strategy=None, epochs=3, fit_kwargs=None, **extra_compile):
 
     d = data()
     keras.utils.set_random_seed(SEED)
-    scope = strategy.scope() if strategy is not None else tf.distribute.get_strategy().scope()
-    with scope:
+    with scope_of(strategy):
         model = build(base, kind)
         model.compile(**compile_kwargs(kind, **extra_compile))
     sw = {"sample_weight": d["sw"]} if kind == "sample_weight" else {}
@@ -224,6 +224,23 @@ def mirrored_clipping():
     return results
 
 
+@contextlib.contextmanager
+def global_policy(policy):
+    """Keras' global dtype policy ``policy`` while the block runs, ``float32`` after it."""
+    from custom_fit import keras
+
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def scope_of(strategy):
+    """``strategy``'s scope, or the default strategy's (one device) for ``None``."""
+    return strategy.scope() if strategy is not None else tf.distribute.get_strategy().scope()
+
+
 def contract_run(strategy=None, policy="float32", base="custom", learning_rate=0.1, clip=None, epochs=2, scale=1.0):
     """One regression model trained with SGD; the global norm ``transform_gradients`` received at each step.
 
@@ -248,10 +265,9 @@ def contract_run(strategy=None, policy="float32", base="custom", learning_rate=0
             return grads_and_vars
 
     d = data()
-    keras.mixed_precision.set_global_policy(policy)
-    try:
+    with global_policy(policy):
         keras.utils.set_random_seed(SEED)
-        with strategy.scope() if strategy is not None else tf.distribute.get_strategy().scope():
+        with scope_of(strategy):
             inputs = keras.Input((8,))
             hidden = keras.layers.Dense(16, activation="relu")(inputs)
             model = (keras.Model if base == "keras" else Recording)(
@@ -261,8 +277,6 @@ def contract_run(strategy=None, policy="float32", base="custom", learning_rate=0
         initial = model.get_weights()
         y = d["y"].astype("float32")[:, None]
         model.fit(d["x"] * scale, y, batch_size=GLOBAL_BATCH, epochs=epochs, shuffle=False, verbose=0)
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
     weights = model.get_weights()
     optimizer = model.optimizer
     loss_scale = getattr(optimizer, "dynamic_scale", None)
@@ -300,12 +314,14 @@ def mirrored_contract():
 
 
 def accumulation_run(strategy=None, optimizer="sgd", policy="float32", steps_per_execution=1, named=False, scale=1.0):
-    """A model trained with gradient accumulation (Keras 3's ``gradient_accumulation_steps``), 3 epochs of 6 steps.
+    """A model trained with gradient accumulation, 3 epochs of 6 steps.
 
     ``optimizer``: ``"sgd"`` (SGD, 4 steps) or ``"adam"`` (Adam with
-    ``global_clipnorm``, 3 steps); ``named``: a two-member group (Adam over
-    3 steps for the hidden layer, SGD over 2 for the output layer) in a step
-    with one ``minimize`` per member; ``scale`` multiplies the inputs (large
+    ``global_clipnorm``, 3 steps); ``named``: a two-member group (Adam for
+    the hidden layer, SGD for the output layer) in a step with one
+    ``minimize`` per member, over 3 and 2 steps on Keras 3, 3 each on Keras 2.
+    Keras 3: the optimizers' ``gradient_accumulation_steps``; Keras 2:
+    ``compile(gradient_accumulation_steps=N)`` (tf_keras' optimizers have none); ``scale`` multiplies the inputs (large
     values overflow float16 gradients: the loss-scale optimizer skips steps).
     Returns the weights, the history, the optimizers' variables (the
     accumulators and the counter of accumulated steps included) and the
@@ -314,10 +330,15 @@ def accumulation_run(strategy=None, optimizer="sgd", policy="float32", steps_per
     import custom_fit
     from custom_fit import keras
 
+    def accumulating(steps):  # as the optimizer's argument (Keras 3) or compile's (Keras 2)
+        return {} if custom_fit.KERAS_2 else {"gradient_accumulation_steps": steps}
+
     def make(kind):
         if kind == "sgd":
-            return keras.optimizers.SGD(0.1, momentum=0.5, gradient_accumulation_steps=4)
-        return keras.optimizers.Adam(0.01, global_clipnorm=0.5, gradient_accumulation_steps=3)
+            return keras.optimizers.SGD(0.1, momentum=0.5, **accumulating(4))
+        return keras.optimizers.Adam(0.01, global_clipnorm=0.5, **accumulating(3))
+
+    on_compile = {"gradient_accumulation_steps": 3 if named or optimizer == "adam" else 4} if custom_fit.KERAS_2 else {}
 
     class TwoMembers(custom_fit.CustomModel):
         logged_values = ("loss",)
@@ -332,43 +353,42 @@ def accumulation_run(strategy=None, optimizer="sgd", policy="float32", steps_per
             return self.get_metrics_result()
 
     d = data()
-    keras.mixed_precision.set_global_policy(policy)
-    try:
+    with global_policy(policy):
         keras.utils.set_random_seed(SEED)
-        with strategy.scope() if strategy is not None else tf.distribute.get_strategy().scope():
+        with scope_of(strategy):
             inputs = keras.Input((8,))
             hidden = keras.layers.Dense(16, activation="tanh")(inputs)
             outputs = keras.layers.Dense(1, dtype="float32")(hidden)
             if named:
                 model = TwoMembers(inputs, outputs)
-                group = {"hidden": make("adam"), "out": keras.optimizers.SGD(0.05, gradient_accumulation_steps=2)}
-                model.compile(optimizer=group, steps_per_execution=steps_per_execution)
+                group = {"hidden": make("adam"), "out": keras.optimizers.SGD(0.05, **accumulating(2))}
+                model.compile(optimizer=group, steps_per_execution=steps_per_execution, **on_compile)
             else:
                 model = custom_fit.CustomModel(inputs, outputs)
-                model.compile(optimizer=make(optimizer), loss="mse", steps_per_execution=steps_per_execution)
+                model.compile(
+                    optimizer=make(optimizer), loss="mse", steps_per_execution=steps_per_execution, **on_compile
+                )
         y = (d["y"].astype("float32") - 1.0)[:, None]
         history = model.fit(d["x"] * scale, y, batch_size=GLOBAL_BATCH, epochs=3, shuffle=False, verbose=0)
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
     optimizer = model.optimizer
     members = list(getattr(optimizer, "optimizers", [optimizer]))
     scale = getattr(optimizer, "dynamic_scale", None)
+    if scale is None:
+        scale = getattr(optimizer, "loss_scale", None)  # tf_keras
     return {
         "weights": [w.tolist() for w in model.get_weights()],
         "history": history.history,
         "optimizer": [np.asarray(v.numpy()).tolist() for member in members for v in member.variables],
-        "loss_scale": None if scale is None else float(scale.numpy()),
+        "loss_scale": None if scale is None else float(np.asarray(scale.numpy())),
+        "iterations": [int(member.iterations.numpy()) for member in members],
     }
 
 
 def mirrored_accumulation():
-    """Gradient accumulation under the strategy vs one device (Keras 3's ``gradient_accumulation_steps``)."""
+    """Gradient accumulation under the strategy vs one device (see ``accumulation_run``)."""
     strategy = mirrored_strategy()
-    import custom_fit
     from tests.parity import max_delta
 
-    if custom_fit.KERAS_2:
-        return {"skipped": "tf_keras optimizers have no gradient_accumulation_steps"}
     results: dict[str, Any] = {}
     cases: dict[str, dict[str, Any]] = {
         "sgd": {"optimizer": "sgd"},
@@ -390,6 +410,7 @@ def mirrored_accumulation():
             "vs_single": {k: max_delta(single[k], mirrored[k]) for k in ("weights", "history", "optimizer")},
             "fused_vs_one_step": {k: max_delta(mirrored[k], fused[k]) for k in ("weights", "history", "optimizer")},
             "loss_scale": [single["loss_scale"], mirrored["loss_scale"]],
+            "iterations": [single["iterations"], mirrored["iterations"]],
         }
     return results
 
@@ -668,8 +689,8 @@ def worker(index: int, ports: list[int]):
     steps_weights, steps_history = numpy_fit(
         custom_fit.CustomModel, validation_data=(d["x_val"], d["y_val"]), validation_freq=custom_fit.Steps(4)
     )
-    # Gradient accumulation (Keras 3): Adam over 3 steps on both workers.
-    accumulation = None if custom_fit.KERAS_2 else accumulation_run(strategy, "adam")
+    # Gradient accumulation: Adam over 3 steps on both workers.
+    accumulation = accumulation_run(strategy, "adam")
     return {
         "accumulation": accumulation,
         "steps": {"weights": steps_weights, "history": steps_history},
@@ -731,7 +752,7 @@ def single_process_reference():
         "history": history.history,
         "evaluate": {k: float(v) for k, v in evaluation.items()},
         "steps": {"weights": [w.tolist() for w in steps.get_weights()], "history": steps_history.history},
-        "accumulation": None if custom_fit.KERAS_2 else accumulation_run(None, "adam"),
+        "accumulation": accumulation_run(None, "adam"),
     }
 
 

@@ -179,7 +179,8 @@ RESUME_CASES = [  # (model, input, steps_per_execution, save_freq, interrupts)
     ("dropout", "plain_py_dataset", 1, 6, (7, 31)),
     ("named", "repeated_tf_data", "auto", 5, (23,)),
     ("dropout", "arrays", 1, "epoch", (20,)),
-    # Adam over 4 steps: backups every 5 steps land mid-accumulation (its accumulators are optimizer state).
+    # compile(gradient_accumulation_steps=4): backups every 5 steps land mid-accumulation (the
+    # accumulators are optimizer state).
     ("accumulating", "arrays", 1, 5, (7, 13)),
     ("accumulating", "arrays", "auto", 5, (11,)),
 ]
@@ -196,12 +197,14 @@ KERAS_2_RESUME_CASES = [
     ("dense", "repeated_tf_data", 1, 4, (7, 18)),
     ("named", "repeated_tf_data", "auto", 5, (23,)),
     ("dense", "arrays", 1, "epoch", (20,)),
+    ("accumulating_dense", "arrays", 1, 5, (7, 13)),
 ]
 _BUILDERS: dict[str, Callable[..., keras.Model]] = {
     "dropout": crash_cases.dropout_model,
     "dense": functools.partial(crash_cases.dropout_model, dropout=False),
     "named": crash_cases.named_model,
     "accumulating": functools.partial(crash_cases.dropout_model, accumulate=4),
+    "accumulating_dense": functools.partial(crash_cases.dropout_model, dropout=False, accumulate=4),
 }
 
 

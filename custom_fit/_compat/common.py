@@ -28,6 +28,7 @@ __all__ = [
     "dataset_without_autotuning",
     "explain_xla_errors",
     "find_untracked_variables",
+    "in_one_merge_call",
     "is_scalar",
     "loss_scaling",
     "marked_as",
@@ -346,6 +347,50 @@ def replica_context_with_peers() -> tf.distribute.ReplicaContext | None:
     if context is None or context.num_replicas_in_sync <= 1:
         return None
     return context
+
+
+def in_one_merge_call(
+    update: Callable[[list[Any]], None], gradients: list[Any], *, direct_updates: bool = True
+) -> None:
+    """Runs ``update(gradients)`` once, in cross-replica context, from a replica: one unconditional ``merge_call``.
+
+    For an optimizer update that is conditional (gradient accumulation
+    updates inside ``tf.cond`` every N-th step) under a multi-replica
+    strategy. A Keras optimizer called in a replica reaches the other
+    replicas through a ``merge_call`` in each branch, and ``tf.distribute``
+    cannot wait for the other replicas inside a branch (the error
+    ``explain_merge_call_errors`` rewrites). Here the step makes one
+    ``merge_call``, unconditionally, and ``update`` runs in its cross-replica
+    context: the optimizer's branches update each device's copy of the
+    variables (``strategy.extended.update``), which needs no replica to wait.
+    Without a strategy it runs as it is.
+
+    ``gradients`` must be equal on every replica (the gradient contract sums
+    them over replicas first), so the first local replica's stand for all:
+    each device computes the update one device computes, as Keras' own update
+    does with its local gradient. Keras' optimizer code asks ``tf.distribute``
+    for a ``merge_call`` itself (``maybe_merge_call``), which cross-replica
+    context cannot make; the strategy's ``_use_merge_call`` answers "no" while
+    ``update`` is traced (TensorFlow's own mode for XLA on GPUs, where the
+    same functions run without one), so those calls run their update
+    functions directly. With ``direct_updates=False`` it does not: ``update``
+    goes back into the replicas itself (``call_for_each_replica``, as Keras'
+    ``LossScaleOptimizer`` does in its branch).
+    """
+
+    def cross_replica(strategy: tf.distribute.Strategy, values: list[Any]) -> None:
+        local = [strategy.experimental_local_results(g)[0] for g in values]
+        if not direct_updates:
+            update(local)
+            return
+        extended = strategy.extended
+        extended._use_merge_call = lambda: False  # an instance attribute over the method, for this trace
+        try:
+            update(local)
+        finally:
+            del extended._use_merge_call  # the strategy's own method again
+
+    tf.distribute.get_replica_context().merge_call(cross_replica, args=(gradients,))
 
 
 def shared_while_inside(

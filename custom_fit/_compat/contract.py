@@ -174,8 +174,11 @@ class KerasVersion(Protocol):
     def accumulation_steps(self, optimizer: KerasObject) -> int:
         """How many steps' gradients ``optimizer`` accumulates per update (1: it updates every step)."""
 
-    def apply_across_replicas(self, optimizer: KerasObject, grads_and_vars: list[Any]) -> None:
-        """``optimizer.apply_gradients`` of gradients equal on every replica, in one cross-replica ``merge_call``."""
+    def set_accumulation_steps(self, optimizer: KerasObject, steps: int) -> None:
+        """``compile(gradient_accumulation_steps=steps)`` for ``optimizer`` (before it is built)."""
+
+    def apply_gradients(self, optimizer: KerasObject, grads_and_vars: list[Any], *, summed: bool) -> None:
+        """``optimizer.apply_gradients``, accumulating where asked (``summed``: the replicas' sum, equal on each)."""
 
     def wrap_for_loss_scaling(self, optimizer: KerasObject, name: str) -> KerasObject:
         """``optimizer`` in a dynamic ``LossScaleOptimizer``."""

@@ -49,6 +49,12 @@ from custom_fit._compat.common import (
     skippable_aggregation,
     variable_names_without_model,
 )
+from custom_fit._compat.keras2_accumulation import (
+    accumulation_steps,
+    apply_gradients,
+    build_accumulators,
+    set_accumulation_steps,
+)
 from custom_fit._host import Host
 
 __all__ = [
@@ -66,7 +72,7 @@ __all__ = [
     "SeedGenerator",
     "TrainerHooks",
     "accumulation_steps",
-    "apply_across_replicas",
+    "apply_gradients",
     "build_optimizer",
     "call_accepts_training",
     "call_symbolically",
@@ -94,6 +100,7 @@ __all__ = [
     "scale_loss",
     "scale_loss_for_distribution",
     "seed_generator_states",
+    "set_accumulation_steps",
     "set_initial_epoch",
     "share_registered_name",
     "sum_across_replicas",
@@ -221,7 +228,7 @@ def check_compile_arguments(model: Any, optimizer: Any, kwargs: dict[str, Any]) 
             raise _needs_keras_3(
                 f"{feature} (received for {type(model).__name__} '{model.name}', a tf_keras model)",
                 f"pass a tf.keras optimizer, e.g. tf.keras.optimizers.{type(member).__name__}()"
-                + (" and accumulate gradients in train_step" if accumulation else ""),
+                + (f", and compile(gradient_accumulation_steps={accumulation})" if accumulation else ""),
             )
     for name in ("loss", "metrics", "weighted_metrics"):
         for value in tf.nest.flatten(kwargs.get(name)):
@@ -358,6 +365,7 @@ def build_optimizer(optimizer: Any, variables: list[Any]) -> None:
         optimizer._create_all_weights(variables)
     else:
         optimizer.build(variables)
+    build_accumulators(optimizer, variables)  # compile(gradient_accumulation_steps=N): with the state
 
 
 def mark_built(optimizer: Any) -> None:
@@ -399,16 +407,6 @@ def sum_across_replicas(context: Any, optimizer: Any, grads_and_vars: list[Any])
 
 _already_summed = skippable_aggregation("aggregate_gradients")
 _already_summed_legacy = skippable_aggregation("_aggregate_gradients")
-
-
-def accumulation_steps(optimizer: Any) -> int:
-    """1: tf_keras' optimizers do not accumulate gradients."""
-    return 1
-
-
-def apply_across_replicas(optimizer: Any, grads_and_vars: list[Any]) -> None:
-    """Not used: only an accumulating optimizer needs it, and tf_keras' optimizers do not accumulate."""
-    raise NotImplementedError("tf_keras optimizers do not accumulate gradients")
 
 
 def gradients_already_summed(optimizer: Any) -> contextlib.AbstractContextManager[None]:

@@ -33,6 +33,7 @@ from custom_fit._compat.common import (
     UntrackedVariable,
     explain_xla_errors,
     find_untracked_variables,
+    in_one_merge_call,
     loss_scaling,
     marks_built_if_complete,
     not_compiled_error,
@@ -59,7 +60,7 @@ __all__ = [
     "SeedGenerator",
     "TrainerHooks",
     "accumulation_steps",
-    "apply_across_replicas",
+    "apply_gradients",
     "build_optimizer",
     "call_accepts_training",
     "call_symbolically",
@@ -87,6 +88,7 @@ __all__ = [
     "scale_loss",
     "scale_loss_for_distribution",
     "seed_generator_states",
+    "set_accumulation_steps",
     "set_initial_epoch",
     "share_registered_name",
     "sum_across_replicas",
@@ -428,48 +430,49 @@ def accumulation_steps(optimizer: Any) -> int:
     return int(getattr(inner, "gradient_accumulation_steps", None) or 1)
 
 
-def apply_across_replicas(optimizer: Any, grads_and_vars: list[Any]) -> None:
-    """``optimizer.apply_gradients(grads_and_vars)`` from a replica, run once in cross-replica context.
+def set_accumulation_steps(optimizer: Any, steps: int) -> None:
+    """``compile(gradient_accumulation_steps=steps)``: Keras' own option on ``optimizer`` (its inner one's).
 
-    For an update that is conditional inside the optimizer (gradient
-    accumulation: Keras 3 updates inside ``tf.cond`` every N-th step) under a
-    multi-replica strategy. A Keras optimizer called in a replica reaches the
-    other replicas through a ``merge_call`` in each branch, and
-    ``tf.distribute`` cannot wait for the other replicas inside a branch (the
-    error ``explain_merge_call_errors`` rewrites). Here the step makes one
-    ``merge_call``, unconditionally, and the whole ``apply_gradients`` runs in
-    its cross-replica context: its branches update each device's copy of the
-    variables (``strategy.extended.update``), which needs no replica to wait.
-
-    ``grads_and_vars`` must be equal on every replica (the gradient contract
-    sums them over replicas first), so the first local replica's gradients
-    stand for all: each device computes the update one device computes, as
-    Keras' own update does with its local gradient. Keras' optimizer code
-    asks ``tf.distribute`` for a ``merge_call`` itself (``maybe_merge_call``),
-    which cross-replica context cannot make; the strategy's
-    ``_use_merge_call`` answers "no" while the update is traced (TensorFlow's
-    own mode for XLA on GPUs, where the same functions run without it), so
-    those calls run the update functions directly. A ``LossScaleOptimizer``
-    runs its own cross-replica part (the finite check and its ``tf.cond``)
-    there too: its ``apply`` refuses cross-replica context, so its common
-    path (``_common_apply``, what it runs where no ``merge_call`` is made) is called.
+    Raises:
+        ValueError: ``optimizer`` was built already, or accumulates over another number of steps.
     """
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    own = inner.gradient_accumulation_steps
+    if own not in (None, steps) or (own is None and inner.built):
+        raise ValueError(
+            f"compile(gradient_accumulation_steps={steps}) sets the option on each optimizer, but "
+            f"{type(inner).__name__} '{inner.name}' "
+            + (f"has gradient_accumulation_steps={own}" if own else "was built already (it has state)")
+            + ". Fix: pass gradient_accumulation_steps to one of them only, or compile a new optimizer."
+        )
+    inner.gradient_accumulation_steps = steps
+
+
+def apply_gradients(optimizer: Any, grads_and_vars: list[Any], *, summed: bool) -> None:
+    """``optimizer.apply_gradients(grads_and_vars)``: in one cross-replica ``merge_call`` where it accumulates.
+
+    An optimizer with ``gradient_accumulation_steps`` updates inside
+    ``tf.cond`` every N-th step. Under several replicas (``summed``: the
+    gradients are the replicas' sum, equal on each) its whole
+    ``apply_gradients`` runs in cross-replica context
+    (:func:`~custom_fit._compat.common.in_one_merge_call` says why and how); a
+    ``LossScaleOptimizer`` refuses that context in ``apply``, so its own path
+    for strategies that make no ``merge_call`` (``_common_apply``: the finite
+    check and its ``tf.cond``) runs there.
+    """
+    if not (summed and accumulation_steps(optimizer) > 1):
+        optimizer.apply_gradients(grads_and_vars)
+        return
     pairs = [(g, v) for g, v in grads_and_vars if g is not None]  # as apply_gradients filters them
     variables = [v for _, v in pairs]
 
-    def update(strategy: tf.distribute.Strategy, gradients: list[Any]) -> None:
-        local = [strategy.experimental_local_results(g)[0] for g in gradients]
-        extended = strategy.extended
-        extended._use_merge_call = lambda: False  # an instance attribute over the method, for this trace
-        try:
-            if isinstance(optimizer, LossScaleOptimizer):
-                optimizer._common_apply(local, variables)
-            else:
-                optimizer.apply_gradients(list(zip(local, variables, strict=True)))
-        finally:
-            del extended._use_merge_call  # the strategy's own method again
+    def update(gradients: list[Any]) -> None:
+        if isinstance(optimizer, LossScaleOptimizer):
+            optimizer._common_apply(gradients, variables)
+        else:
+            optimizer.apply_gradients(list(zip(gradients, variables, strict=True)))
 
-    tf.distribute.get_replica_context().merge_call(update, args=([g for g, _ in pairs],))
+    in_one_merge_call(update, [g for g, _ in pairs])
 
 
 def wrap_for_loss_scaling(optimizer: Any, name: str) -> LossScaleOptimizer:

@@ -25,11 +25,14 @@ Separation of concerns, in the order one training execution passes through them:
   data position): state the loop owns and moves along, with ``state_dict``
   and ``load_state_dict``, handed to the callbacks that take it
   (:class:`custom_fit.BackupAndRestore`).
+* :mod:`~custom_fit._trainer.validation` is ``validation_freq=Steps(N)``:
+  when a validation run inside the epochs is due, and which callbacks see it
+  as an epoch's end.
 * :mod:`~custom_fit._trainer.callbacks` is the callback list the loop calls
   (``LazyCallbackList``: no host wait per step where no callback reads the
   logs).
 
 ``CustomModel`` inherits the trainer (``Loop`` on ``StepFunctions``) and holds
 the steps and the override points. Nothing in this package
-is public API; ``custom_fit.StepsPerExecutionTuner`` is exported by the package.
+is public API; ``custom_fit.StepsPerExecutionTuner`` and ``custom_fit.Steps`` are exported by the package.
 """

@@ -24,6 +24,10 @@ instead of patching Keras' objects from outside:
   data position), which it moves along and hands to the callbacks that take
   it: :class:`~custom_fit.BackupAndRestore` saves its ``state_dict`` and
   loads one into it, and the loop starts where it says;
+* with ``validation_freq=Steps(N)``, a
+  :class:`~custom_fit._trainer.validation.ValidationSchedule` says after which
+  steps a validation run is due (the loop counts them in the progress) and
+  caps the plan there; what each callback sees of a run is that module's;
 * the callbacks are a :class:`~custom_fit._trainer.callbacks.LazyCallbackList` (no
   host wait per step; Keras 3) unless the user passes a ``CallbackList``;
   tf_keras' own list skips unused batch hooks itself.

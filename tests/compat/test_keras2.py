@@ -201,7 +201,8 @@ def test_keras3_optimizer_with_gradient_accumulation_names_the_keras_version():
         ValueError,
         match=r"An optimizer with gradient_accumulation_steps=4 \(received for CustomModel '.*', a tf_keras model\) "
         + KERAS_3_NEEDED
-        + r".*Fix: pass a tf.keras optimizer, e.g. tf.keras.optimizers.Adam\(\) and accumulate gradients in train_step",
+        + r".*Fix: pass a tf.keras optimizer, e.g. tf.keras.optimizers.Adam\(\), "
+        + r"and compile\(gradient_accumulation_steps=4\)",
     ):
         model.compile(optimizer=keras3.optimizers.Adam(gradient_accumulation_steps=4), loss="mse")
 
