@@ -2,32 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow import keras
 
-import custom_fit
-
-X, Y = np.ones((8, 4), "float32"), np.zeros((8, 1), "float32")
-
-
-def small_model(base: type = custom_fit.CustomModel) -> keras.Model:
-    inputs = keras.Input((4,))
-    model = base(inputs, keras.layers.Dense(1)(inputs))
-    model.compile(optimizer="sgd", loss="mse")
-    return model
-
-
-def _error_of(call: Any) -> BaseException:
-    """The exception ``call()`` raises (fails the test if it raises none)."""
-    try:
-        call()
-    except Exception as error:  # any type: the test compares it with what plain Keras raises
-        return error
-    pytest.fail("no exception raised")
+from tests.trainer.test_loop import X, Y, _error_of, small_model  # the loop's helpers, shared
 
 
 @pytest.mark.keras2
