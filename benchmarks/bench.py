@@ -522,6 +522,78 @@ def aa(n: int, batch: int = 32) -> Workload:
     return Workload("A/A (keras.Model.fit vs itself)", n, "keras.Model.fit (A)", None, builders)
 
 
+VALIDATION = "validation every N steps (the mlp, 4 validation runs per fit call)"
+ACCUMULATION = "gradient accumulation (the mlp, Adam, the same updates)"
+
+
+def validation_every_n_steps(n: int, batch: int = 32) -> Workload:
+    """What ``validation_freq=custom_fit.Steps(N)`` costs against Keras' epoch validation, with the same runs.
+
+    A run is 4 epochs over ``n / 4`` examples (one ``fit`` call) validated 4
+    times on ``n / 4`` examples: at each epoch's end (``validation_freq=1``),
+    or after every ``n / (4 * batch)`` steps with ``Steps``: the same moments
+    and the same work, so the ratio is what the mechanism adds (each run
+    happens at the end of the epoch's last execution, inside the epoch: the
+    training metrics are kept across it, the monitors get it as an epoch end,
+    the other callbacks the data's epoch end).
+    """
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(n, 16)).astype("float32"), rng.integers(0, 10, n).astype("int32")
+    quarter = n // 4
+    validation = (x[:quarter], y[:quarter])
+    every = custom_fit.Steps(quarter // batch)
+
+    def builder(validation_freq: Any) -> Builder:
+        def make() -> Run:
+            keras.utils.set_random_seed(0)
+            model = small_mlp(custom_fit.CustomModel)
+            model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+            return lambda: model.fit(
+                x[:quarter], y[:quarter], batch_size=batch, epochs=4, verbose=0, shuffle=False,
+                validation_data=validation, validation_freq=validation_freq,
+            )  # fmt: skip
+
+        return make
+
+    epochs_variant = "CustomModel.fit, validation_freq=1"
+    steps_variant = f"CustomModel.fit, validation_freq=custom_fit.Steps({every.every})"
+    builders = {epochs_variant: builder(1), steps_variant: builder(every)}
+    gains = [("Steps(N), the same runs", steps_variant, epochs_variant)]
+    return Workload(VALIDATION, n, epochs_variant, None, builders, gains)
+
+
+def gradient_accumulation(n: int, micro_batch: int = 32, steps: int = 4) -> Workload:
+    """What ``gradient_accumulation_steps`` costs (Keras 3): ``steps`` micro-batches per update vs one larger batch.
+
+    Both variants make the same updates of ``CustomModel`` with Adam (``n / (micro_batch * steps)``
+    per run); the accumulating one runs ``steps`` times as many steps, each on a ``steps`` times
+    smaller batch. ``keras.Model`` accumulating runs the same code on one device (custom_fit
+    changes the path only under a multi-replica strategy).
+    """
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(n, 16)).astype("float32"), rng.integers(0, 10, n).astype("int32")
+
+    def builder(base: type, batch: int, accumulate: int | None) -> Builder:
+        def make() -> Run:
+            keras.utils.set_random_seed(0)
+            model = small_mlp(base)
+            accumulation = {"gradient_accumulation_steps": accumulate} if accumulate else {}
+            model.compile(optimizer=keras.optimizers.Adam(**accumulation), loss="sparse_categorical_crossentropy")
+            return lambda: model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False)
+
+        return make
+
+    large = f"CustomModel.fit, batch {micro_batch * steps}"
+    accumulating = f"CustomModel.fit, {steps} x batch {micro_batch}, gradient_accumulation_steps={steps}"
+    builders = {
+        large: builder(custom_fit.CustomModel, micro_batch * steps, None),
+        accumulating: builder(custom_fit.CustomModel, micro_batch, steps),
+        f"keras.Model.fit, {steps} x batch {micro_batch}, accumulating": builder(keras.Model, micro_batch, steps),
+    }
+    gains = [("accumulation (vs one large batch)", accumulating, large)]
+    return Workload(ACCUMULATION, n, large, None, builders, gains)
+
+
 def sizes(quick: bool) -> dict[str, int]:
     """Training examples per run (N) for each workload."""
     if quick:
@@ -592,10 +664,12 @@ def workloads(quick: bool) -> dict[str, Callable[[], Workload]]:
         # The CNN's epochs in fit calls of four: that cost paid once per four epochs, as in training.
         "cnn-epochs": lambda: classification("cnn", s["cnn"], title=CNN_EPOCHS, epochs=4),
         "mlp": lambda: classification("mlp", s["mlp"]),
+        "validation": lambda: validation_every_n_steps(s["mlp"]),
     }
     if not KERAS_2:
         result["gan"] = lambda: gan(s["gan"])
         result["progbar"] = lambda: progress_bar(s["mlp"])
+        result["accumulation"] = lambda: gradient_accumulation(s["mlp"])
         for key, (kind, policy) in CONTRACT_WORKLOADS.items():
             result[key] = functools.partial(gradient_contract, kind, policy, s[kind])
     return result
@@ -852,7 +926,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         nargs="+",
         # Every workload's key on either Keras ("gan" and the contract's only measured on Keras 3:
         # asked for on Keras 2, they get the error below rather than argparse's "invalid choice").
-        choices=list(dict.fromkeys([*workloads(quick=False), "gan", "progbar", *CONTRACT_WORKLOADS])),
+        choices=list(dict.fromkeys([*workloads(quick=False), "gan", "progbar", "accumulation", *CONTRACT_WORKLOADS])),
         help="only these workloads (aa: the A/A check); results go to <stem>_<names>.*",
     )
     parser.add_argument("--threads", type=int, default=1, help="TensorFlow intra- and inter-op threads (0: default)")

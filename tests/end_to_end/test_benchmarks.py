@@ -31,6 +31,9 @@ CONTRACT = {
 }
 AUTO = 'steps_per_execution="auto"'
 CLASSIFICATION = {"keras.Model.fit", "CustomModel.fit", f"CustomModel.fit, {AUTO}"}
+QUICK_MLP = bench.sizes(quick=True)["mlp"]
+VALIDATION = set(bench.validation_every_n_steps(QUICK_MLP).builders)  # names only: nothing is built
+ACCUMULATION = set(bench.gradient_accumulation(QUICK_MLP).builders)
 EXPECTED = (
     {
         AA: {"keras.Model.fit (A)", "keras.Model.fit (B)"},
@@ -38,6 +41,7 @@ EXPECTED = (
         FIT_COST: CLASSIFICATION,
         CNN_EPOCHS: CLASSIFICATION,
         MLP: CLASSIFICATION,
+        bench.VALIDATION: VALIDATION,
     }
     if bench.KERAS_2
     else {
@@ -47,7 +51,9 @@ EXPECTED = (
         CNN_EPOCHS: CLASSIFICATION | {"tf.function loop", bench.EAGER_LOGS},
         MLP: CLASSIFICATION | {"tf.function loop", bench.EAGER_LOGS},
         GAN: {"keras.io GAN (keras.Model)", "custom_fit.GAN", f"custom_fit.GAN, {AUTO}", "tf.function GAN loop"},
+        bench.VALIDATION: VALIDATION,
         bench.PROGBAR: {"keras.Model.fit, verbose=1", "CustomModel.fit, verbose=1", bench.PROGBAR_LAZY},
+        bench.ACCUMULATION: ACCUMULATION,
         **CONTRACT,
     }
 )
@@ -82,7 +88,7 @@ def test_quick_benchmark_writes_consistent_results(tmp_path):
     for name, workload in saved["workloads"].items():
         assert name in table
         assert workload["rounds"] == 2 and workload["stopped_by"] in {"ci_target", "max_rounds"}
-        no_loop = bench.KERAS_2 or name in (AA, bench.PROGBAR) or name in CONTRACT
+        no_loop = bench.KERAS_2 or name in (AA, bench.PROGBAR, bench.VALIDATION, bench.ACCUMULATION) or name in CONTRACT
         assert workload["loop"] is None if no_loop else workload["loop"] in workload["variants"]
         for variant_name, variant in workload["variants"].items():
             assert variant_name in table
@@ -104,6 +110,10 @@ def test_quick_benchmark_writes_consistent_results(tmp_path):
             if name in CONTRACT
             else {"tensors to the progress bar"}
             if name == bench.PROGBAR
+            else {"Steps(N), the same runs"}
+            if name == bench.VALIDATION
+            else {"accumulation (vs one large batch)"}
+            if name == bench.ACCUMULATION
             else {AUTO}
             if bench.KERAS_2 or name == GAN
             else {AUTO, "lazy callbacks"}
