@@ -81,8 +81,8 @@ def explain_merge_call_errors(model: Any, function: Callable[..., Any]) -> Calla
     ``tf.function`` of the step (``tf.distribute`` does not support it: a
     branch cannot wait for the other replicas). The gradient-accumulation
     step that calls ``apply_gradients`` inside ``tf.cond`` every N batches is
-    the usual case; the optimizer's own ``gradient_accumulation_steps``
-    (Keras 3) works (:func:`custom_fit._compat.keras3.apply_across_replicas`).
+    the usual case; ``compile(gradient_accumulation_steps=N)`` works
+    (:func:`custom_fit._compat.common.in_one_merge_call`).
     """
 
     def function_with_clear_merge_call_errors(*args: Any) -> Any:
@@ -99,9 +99,9 @@ def explain_merge_call_errors(model: Any, function: Callable[..., Any]) -> Calla
                 f"unconditionally in the step under {type(strategy).__name__}: the optimizer sums the "
                 f"{strategy.num_replicas_in_sync} replicas' gradients in a cross-replica merge_call, which "
                 "tf.distribute cannot run inside a branch. Fix: call apply_gradients on every step, outside "
-                "tf.cond. To accumulate gradients over N steps, give the optimizer gradient_accumulation_steps=N "
-                "(Keras 3; CustomModel applies it across replicas: docs/scaling.md), or raise the global batch "
-                "size: the replicas' gradients are summed every step already."
+                "tf.cond. To accumulate gradients over N steps, pass compile(gradient_accumulation_steps=N) "
+                "(Keras 3 and Keras 2; CustomModel applies it across replicas: docs/scaling.md), or raise the "
+                "global batch size: the replicas' gradients are summed every step already."
             ) from error
 
     return function_with_clear_merge_call_errors

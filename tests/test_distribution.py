@@ -43,7 +43,7 @@ def test_apply_gradients_in_a_cond_is_explained_with_the_fix():
     assert "'accumulating' updates variables across replicas (optimizer.apply_gradients) inside a tf.cond" in message
     assert "Expected every optimizer update to run unconditionally in the step under MirroredStrategy" in message
     assert "Fix: call apply_gradients on every step, outside tf.cond" in message
-    assert "give the optimizer gradient_accumulation_steps=N (Keras 3; CustomModel applies it" in message
+    assert "pass compile(gradient_accumulation_steps=N) (Keras 3 and Keras 2; CustomModel applies it" in message
     assert raised.value.__cause__ is original
 
 
