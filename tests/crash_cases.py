@@ -295,6 +295,8 @@ SCENARIOS: dict[str, tuple[Callable[[], keras.Model], str]] = {
 DETERMINISTIC_SCENARIOS: dict[str, tuple[Callable[[], keras.Model], str]] = {
     "dense_arrays": (lambda: dropout_model(dropout=False), "arrays"),
     "dense_ordered_arrays": (lambda: dropout_model(dropout=False), "ordered_arrays"),
+    # compile(gradient_accumulation_steps=4): a backup every 5 steps lands mid-accumulation.
+    "accumulating_dense_arrays": (lambda: dropout_model(dropout=False, accumulate=4), "arrays"),
 }
 #: Scenarios under a tf.distribute strategy, backed up at the end of each epoch.
 STRATEGY_SCENARIOS: dict[str, tuple[Callable[[], keras.Model], str]] = {

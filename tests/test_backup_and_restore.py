@@ -677,6 +677,23 @@ def test_a_keras_2_cluster_resumes_at_the_step_after_a_sigkill_or_a_sigterm(tmp_
 
 
 @pytest.mark.slow
+def test_a_sigkill_mid_accumulation_resumes_with_the_accumulated_gradients(
+    tmp_path: Path, uninterrupted_results: Any
+) -> None:
+    """compile(gradient_accumulation_steps=4), backups every 5 steps, SIGKILL after step 7 (both Kerases).
+
+    The backup at step 5 holds one accumulated step's gradient (an update came at step 4); the
+    restart trains the 85 steps after it and ends equal to an uninterrupted run, so the accumulators
+    and their count were saved and restored.
+    """
+    scenario = "accumulating_dense_arrays"
+    status, stderr, _ = _run_until_sigterm(tmp_path, scenario, "5", after_steps=7, send=signal.SIGKILL)
+    assert status == -signal.SIGKILL, stderr[-3000:]
+    assert _steps_of_a_complete_run(tmp_path, scenario, "5") == 90 - 5
+    assert _max_difference(uninterrupted_results(scenario), tmp_path / "result.npz") == 0.0
+
+
+@pytest.mark.slow
 @pytest.mark.keras2
 def test_keras_2_sigkill_after_step_6_of_15_resumes_at_step_5(tmp_path: Path, uninterrupted_results: Any) -> None:
     """Keras 2: a SIGKILL mid-epoch (backups every 5 steps); the restart trains only the 85 steps after the backup."""

@@ -142,6 +142,8 @@ def test_validation_every_n_steps_under_mirrored_strategy(mirrored_fusion):
     assert mirrored_fusion["steps/val_step"] == [4, 8, 12, 16]
     single = mirrored_fusion["steps/mirrored_vs_single"]
     parity.record(f"Mirrored x2 vs 1 device, Steps(4) validation (tol {SINGLE_DEVICE_TOLERANCE:g})", **single)
+    if MIRRORED_METRICS_MISCOUNTED:  # Keras < 3.10's metrics under the strategy (see above); keras.Model's too
+        single = {"weights": single["weights"], "predict": single["predict"]}
     assert max(single.values()) <= SINGLE_DEVICE_TOLERANCE, single
     fused = mirrored_fusion["steps/fused_vs_one_step"]
     assert fused == {"weights": 0.0, "history": 0.0, "evaluate": 0.0, "predict": 0.0}
@@ -486,8 +488,11 @@ def test_gradient_accumulation_under_mirrored_equals_one_device(mirrored_accumul
     result = mirrored_accumulation[case]
     assert "error" not in result, result.get("traceback", result)
     policy = "mixed_float16" if "mixed_float16" in case else "float32"
-    parity.record(f"Mirrored x2 vs 1 device, gradient accumulation, {case}", **result["vs_single"])
-    assert max(result["vs_single"].values()) <= ACCUMULATION_TOLERANCE[policy], result["vs_single"]
+    vs_single = result["vs_single"]
+    parity.record(f"Mirrored x2 vs 1 device, gradient accumulation, {case}", **vs_single)
+    if MIRRORED_METRICS_MISCOUNTED:  # Keras < 3.10's metrics under the strategy (see above): not the history
+        vs_single = {k: v for k, v in vs_single.items() if k != "history"}
+    assert max(vs_single.values()) <= ACCUMULATION_TOLERANCE[policy], vs_single
     fused = result["fused_vs_one_step"]  # steps_per_execution=3 vs 1, both under the strategy
     assert fused == {"weights": 0.0, "history": 0.0, "optimizer": 0.0}
     single_scale, mirrored_scale = result["loss_scale"]

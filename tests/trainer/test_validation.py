@@ -78,6 +78,9 @@ class Hooks(keras.callbacks.Callback):
     def on_test_begin(self, logs: Any = None) -> None:
         self.seen.append(("test_begin",))
 
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        self.seen.append(("batch_begin", batch))
+
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         self.seen.append(("batch_end", batch))
 
@@ -213,9 +216,9 @@ def test_fused_executions_end_at_runs_and_change_nothing(steps_per_execution: An
     assert fused.evaluate(X_VAL, Y_VAL, batch_size=4, verbose=0) == unfused.evaluate(
         X_VAL, Y_VAL, batch_size=4, verbose=0
     )
-    if steps_per_execution == 3:  # batch hooks once per execution: steps 1-3 4-6 7 | 8-10 11-13 14 | 15-16 (epoch end)
-        ends = [item[1] for item in fused_hooks.seen if item[0] == "batch_end"]
-        assert ends[:8] == [2, 5, 6, 9, 12, 13, 15, 2]
+    if steps_per_execution == 3:  # executions' first steps: 1-3 4-6 7 | 8-10 11-13 14 | 15-16 (epoch end) | ...
+        begins = [item[1] for item in fused_hooks.seen if item[0] == "batch_begin"]
+        assert begins[:8] == [0, 3, 6, 7, 10, 13, 14, 0]
 
 
 def test_data_of_unknown_length_validates_on_schedule() -> None:
