@@ -36,6 +36,7 @@ __all__ = [
     "NamedOptimizers",
     "Steps",
     "StepsPerExecutionTuner",
+    "UnappliedWrapperWarning",
     "UnreviewedKerasWarning",
     "UntrackedVariableWarning",
     "UnusedOptimizerWarning",
@@ -68,6 +69,7 @@ from custom_fit._diagnostics import (
 from custom_fit._losses import batch_mean, regularization_loss
 from custom_fit._model import CustomModel, CustomSequential
 from custom_fit._optimizers import NamedOptimizers
+from custom_fit._tool_wrappers import UnappliedWrapperWarning
 from custom_fit._trainer.step_fusion import StepsPerExecutionTuner
 from custom_fit._trainer.validation import Steps
 from custom_fit.gan import GAN

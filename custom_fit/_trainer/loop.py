@@ -56,6 +56,7 @@ from custom_fit import _compat
 from custom_fit._compat import keras
 from custom_fit._compat.common import report_execution
 from custom_fit._state import LoopCall, state_of
+from custom_fit._tool_wrappers import runs_tool_wrappers
 from custom_fit._trainer.callbacks import LazyCallbackList
 from custom_fit._trainer.progress import EpochPosition, Progress, hand_to_callbacks
 from custom_fit._trainer.step_functions import StepFunctions
@@ -100,6 +101,7 @@ class Loop(StepFunctions):
         state_of(self).fixed_steps_per_execution = value  # Keras 3 sets it in __init__ and compile
         _compat.loop.set_steps_per_execution(self, value)
 
+    @runs_tool_wrappers  # a tool's wrapper of keras.Model.fit (MLflow, Comet) runs around it
     def fit(
         self,
         x: Any = None,
@@ -314,6 +316,7 @@ class Loop(StepFunctions):
             # A traceback keeps this frame: not the data iterator too (EpochIterator.close says why).
             execution = None
 
+    @runs_tool_wrappers  # a tool's wrapper of keras.Model.evaluate runs around it
     def evaluate(
         self,
         x: Any = None,
@@ -371,6 +374,7 @@ class Loop(StepFunctions):
             return logs
         return parts.flat_logs(self, logs)
 
+    @runs_tool_wrappers  # a tool's wrapper of keras.Model.predict runs around it
     def predict(
         self,
         x: Any,
