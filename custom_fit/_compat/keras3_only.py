@@ -27,6 +27,8 @@ from keras.src.backend import config as _config
 from keras.src.backend.tensorflow.trainer import TFEpochIterator as _TFEpochIterator
 from keras.src.backend.tensorflow.trainer import convert_to_np_if_not_ragged as _convert_to_np_if_not_ragged
 from keras.src.backend.tensorflow.trainer import potentially_ragged_concat as _potentially_ragged_concat
+from keras.src.callbacks.tensorboard import keras_model_summary as _keras_model_summary
+from keras.src.models.functional import Functional as _Functional
 from keras.src.trainers.data_adapters import array_slicing as _array_slicing
 from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter as _ArrayDataAdapter
 from keras.src.trainers.data_adapters.generator_data_adapter import GeneratorDataAdapter as _GeneratorDataAdapter
@@ -410,8 +412,41 @@ def epoch_iterator(model: keras.Model, **kwargs: Any) -> EpochIterator:
 
 
 def callback_list(lazy: Any, callbacks: Any, **kwargs: Any) -> Any:
-    """``lazy`` (custom_fit's list without a host wait per step) where given, else Keras' ``CallbackList``."""
-    return (lazy or keras.callbacks.CallbackList)(callbacks, **kwargs)
+    """``lazy`` (custom_fit's list without a host wait per step) where given, else Keras' ``CallbackList``.
+
+    A ``TensorBoard`` callback in it gets the model summary it writes for the
+    classes custom_fit's stand in for (see :func:`write_tensorboard_model_summaries`).
+    """
+    made = (lazy or keras.callbacks.CallbackList)(callbacks, **kwargs)
+    write_tensorboard_model_summaries(made.callbacks, kwargs.get("model"))
+    return made
+
+
+#: custom_fit's classes and the Keras classes they stand in for where Keras decides by class name.
+STAND_INS = {"CustomModel": "Functional", "CustomSequential": "Sequential"}
+
+
+def write_tensorboard_model_summaries(callbacks: list[Any], model: Any) -> None:
+    """Writes the model summary (TensorBoard's conceptual graph) that ``TensorBoard(write_graph=True)`` writes
+    for ``keras.Model(inputs, outputs)`` and ``keras.Sequential``, for their stand-ins.
+
+    Keras' callback writes it in ``set_model`` only for a model whose class is
+    *named* ``Functional`` or ``Sequential`` (tf_keras: any graph network), so
+    ``CustomModel(inputs, outputs)`` and ``CustomSequential`` would get none
+    where the models they replace get one. A subclass of the user's gets none,
+    as a subclass of ``keras.Model`` gets none.
+    """
+    cls = type(model)
+    if (
+        not cls.__module__.startswith("custom_fit.")
+        or cls.__name__ not in STAND_INS
+        or not isinstance(model, (_Functional, keras.Sequential))
+    ):
+        return
+    for callback in callbacks:
+        if isinstance(callback, keras.callbacks.TensorBoard) and callback.write_graph:
+            with callback._train_writer.as_default():  # what the callback's _write_keras_model_summary does
+                _keras_model_summary("keras", model, step=0)
 
 
 def fixed_steps_per_execution(model: keras.Model, recorded: int) -> int:
