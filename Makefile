@@ -6,10 +6,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # Test processes (pytest-xdist); tests that share a subprocess run in one (--dist loadgroup).
+# tests/integrations/ needs the tools it tests: `make test-integrations` runs it in a venv of its own.
 JOBS ?= 2
-PYTEST := $(PY) -m pytest -n $(JOBS) --dist loadgroup
+PYTEST := $(PY) -m pytest -n $(JOBS) --dist loadgroup --ignore=tests/integrations
 
-.PHONY: gpu-payload gpu-payload-dry-run gpu-payload-verify keras2-peer install demo test test-keras3 test-keras2 test-crash test-fast test-compat test-compat-lean compat-venvs py313-venv test-py313 lint format bench dist docs clean
+.PHONY: gpu-payload gpu-payload-dry-run gpu-payload-verify keras2-peer install demo test test-keras3 test-keras2 test-crash test-fast test-compat test-compat-lean compat-venvs py313-venv test-py313 integrations-venv test-integrations lint format bench dist docs clean
 
 install: $(STAMP)
 
@@ -117,6 +118,23 @@ test-py313: $(PY313)/venv.installed
 	$(PY313_PYTEST) $(PY313_KERAS3_TESTS) -k "$(COMPAT_DESELECT)"
 	TF_USE_LEGACY_KERAS=1 $(PY313_PYTEST) $(PY313_KERAS2_TESTS) -k "$(COMPAT_DESELECT)"
 
+## The tools around Keras with their real packages (MLflow, Comet, W&B, DVCLive, Optuna, KerasTuner, TensorBoard:
+## setup.cfg's `integrations` extra), offline, on Keras 3 and then on Keras 2: tests/integrations/, in a venv of its
+## own (about 3.2 GB; DVCLive brings DVC). CI installs it in the background during `make test`.
+INTEGRATIONS := .venv-integrations
+integrations-venv: $(INTEGRATIONS)/.installed
+.PRECIOUS: $(INTEGRATIONS)/.installed
+
+$(INTEGRATIONS)/.installed: setup.cfg setup.py pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(INTEGRATIONS)
+	$(INTEGRATIONS)/bin/python -m pip install --quiet --upgrade pip
+	$(INTEGRATIONS)/bin/python -m pip install --quiet -c constraints.txt -e ".[test,keras2,integrations]"
+	touch $@
+
+test-integrations: $(INTEGRATIONS)/.installed
+	$(INTEGRATIONS)/bin/python -m pytest -n $(JOBS) --dist loadgroup tests/integrations
+	TF_USE_LEGACY_KERAS=1 $(INTEGRATIONS)/bin/python -m pytest -n $(JOBS) --dist loadgroup tests/integrations
+
 ## tf_keras' own engine, saving and callback tests, as they are and with CustomModel swapped in (compat/keras2_peer.py).
 ## Needs a checkout of keras-team/tf-keras: make keras2-peer TF_KERAS_REPO=DIR (numbers: docs/testing.md).
 keras2-peer: $(STAMP)
@@ -196,4 +214,4 @@ gpu-payload-dry-run:
 		--site $(GPU_DIR)/site-py$(LOCAL_PY) --python $(DRY_RUN_PYTHON)
 
 clean:
-	rm -rf $(VENV) .venv-compat $(PY313) build dist site *.egg-info
+	rm -rf $(VENV) .venv-compat $(PY313) $(INTEGRATIONS) build dist site *.egg-info
