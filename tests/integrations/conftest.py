@@ -8,8 +8,9 @@ import pytest
 
 HERE = Path(__file__).parent
 
-#: A tool (found in psutil's interface listing, which W&B and MLflow call) leaves a UDP socket for the garbage
-#: collector, which may close it during any later test: Python warns then, whichever base ran.
+#: A tool of this suite leaves a UDP socket to the garbage collector, which may close it during any later test
+#: (seen with MLflow, W&B and DVCLive tests in one process, never in a file run alone): Python warns then,
+#: whichever base that test trains, so the warning is the tools', not the test's.
 FILTERS = (
     "ignore:unclosed <socket.socket:ResourceWarning",
     "ignore:Exception ignored in. <socket.socket:pytest.PytestUnraisableExceptionWarning",
