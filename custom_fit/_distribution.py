@@ -32,6 +32,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from custom_fit._compat.common import is_xla_function
+
 __all__ = ["explain_merge_call_errors", "variables_created_outside_replicas"]
 
 
@@ -92,6 +94,9 @@ def explain_merge_call_errors(model: Any, function: Callable[..., Any]) -> Calla
             if _MERGE_CALL_IN_CONTROL_FLOW not in str(error):
                 raise
             strategy = model.distribute_strategy
+            step = getattr(type(model), "train_step", None)
+            if isinstance(step, tf.types.experimental.PolymorphicFunction):
+                raise RuntimeError(_step_is_a_tf_function(model, step, strategy)) from error
             raise RuntimeError(
                 f"The train_step of {type(model).__name__} '{model.name}' updates variables across replicas "
                 "(optimizer.apply_gradients) inside a tf.cond, a loop or a nested tf.function, for example to "
@@ -105,3 +110,39 @@ def explain_merge_call_errors(model: Any, function: Callable[..., Any]) -> Calla
             ) from error
 
     return function_with_clear_merge_call_errors
+
+
+def _step_is_a_tf_function(model: Any, step: Any, strategy: Any) -> str:
+    """The error for a ``train_step`` decorated with ``@tf.function``, and how to keep what the decorator did.
+
+    ``fit`` runs the step inside its own ``tf.function``; under a strategy a
+    plain decorated step runs as its Python function in each replica
+    (:func:`custom_fit._compat.common.in_replica`, as Keras 3 runs it), one
+    compiled with XLA stays a nested ``tf.function``, where the optimizer's
+    cross-replica ``merge_call`` cannot run. tf_keras says to stop decorating;
+    the decorator's purposes have their place in ``fit``.
+    """
+    signature = step.input_signature
+    kept = (
+        f"Its input_signature {signature!r} is not needed: fit's step function relaxes shapes itself "
+        "(reduce_retracing: after a batch of another shape it traces once for any shape, ragged batches "
+        "too); to fix the element spec, give fit a tf.data.Dataset that has it."
+        if signature is not None
+        else "If it was for an input_signature: fit's step function relaxes shapes itself (reduce_retracing)."
+    )
+    xla = is_xla_function(step)
+    return (
+        f"The train_step of {type(model).__name__} '{model.name}' is a tf.function "
+        f"({'compiled with XLA: @tf.function(jit_compile=True)' if xla else 'decorated with @tf.function'}), and "
+        f"under {type(strategy).__name__} its optimizer update runs inside that nested tf.function, where the "
+        f"cross-replica merge_call that sums the {strategy.num_replicas_in_sync} replicas' gradients cannot run"
+        + (
+            " (custom_fit runs a @tf.function step without XLA as its Python function in each replica, as Keras 3 "
+            "does; this one would lose XLA there)"
+            if xla
+            else ""
+        )
+        + ". Expected train_step to be a plain method: fit compiles it into its own tf.function. Fix: remove "
+        "@tf.function from train_step. If the decorator was for XLA (jit_compile=True, experimental_compile=True): "
+        f"compile(..., jit_compile=True) compiles fit's step with XLA. {kept}"
+    )

@@ -47,6 +47,52 @@ def test_apply_gradients_in_a_cond_is_explained_with_the_fix():
     assert raised.value.__cause__ is original
 
 
+class DecoratedStep:
+    """A model whose ``train_step`` is a ``tf.function`` (GRU4Rec's ragged ``input_signature``, TF Privacy's XLA)."""
+
+    name = "decorated"
+    distribute_strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+
+    @tf.function(input_signature=[tf.RaggedTensorSpec([None, None], tf.int32)])
+    def train_step(self, data):
+        return {}
+
+
+def test_a_train_step_that_is_a_tf_function_is_named_with_how_to_keep_what_it_was_for():
+    original = RuntimeError(TF_MERGE_CALL_ERROR)
+    function = distribution.explain_merge_call_errors(DecoratedStep(), raising(original))
+    with pytest.raises(RuntimeError) as raised:
+        function(None)
+    message = str(raised.value)
+    assert message.startswith(
+        "The train_step of DecoratedStep 'decorated' is a tf.function (decorated with @tf.function)"
+    )
+    assert "Expected train_step to be a plain method: fit compiles it into its own tf.function" in message
+    assert "Fix: remove @tf.function from train_step." in message
+    assert "compile(..., jit_compile=True) compiles fit's step with XLA" in message
+    assert (
+        "Its input_signature (RaggedTensorSpec(TensorShape([None, None]), tf.int32, 1, tf.int64),) is not needed"
+        in message
+    )
+    assert "tf.cond" not in message and "gradient_accumulation_steps" not in message  # not the fix for this
+    assert raised.value.__cause__ is original
+
+
+def test_a_train_step_compiled_with_xla_is_named_so():
+    class WithXla(DecoratedStep):
+        @tf.function(jit_compile=True)
+        def train_step(self, data):
+            return {}
+
+    function = distribution.explain_merge_call_errors(WithXla(), raising(RuntimeError(TF_MERGE_CALL_ERROR)))
+    with pytest.raises(
+        RuntimeError, match=r"is a tf.function \(compiled with XLA: @tf.function\(jit_compile=True\)\)"
+    ) as raised:
+        function(None)
+    assert "this one would lose XLA there" in str(raised.value)
+    assert "If it was for an input_signature" in str(raised.value)
+
+
 def test_other_errors_pass_unchanged():
     original = RuntimeError("something else")
     function = distribution.explain_merge_call_errors(fake_model(), raising(original))

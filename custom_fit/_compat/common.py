@@ -341,6 +341,34 @@ def cluster_key_get(key: str, timeout_s: float) -> str | None:
     return value
 
 
+def is_xla_function(step: Any) -> bool:
+    """Whether ``step`` is a ``tf.function`` compiled with XLA (``jit_compile=True``: TensorFlow's ``_jit_compile``)."""
+    return isinstance(step, tf.types.experimental.PolymorphicFunction) and bool(getattr(step, "_jit_compile", False))
+
+
+def in_replica(step: Any) -> Any:
+    """``step`` as a replica of a ``tf.distribute`` strategy runs it: a ``tf.function``'s Python function.
+
+    ``MirroredStrategy`` runs a ``tf.function`` handed to ``strategy.run`` as
+    its Python function in each replica, inside one ``tf.function`` (Keras 3
+    hands it ``train_step`` itself, so a ``train_step`` decorated with
+    ``@tf.function`` trains there). custom_fit's step function runs the
+    model's ``train_step`` inside its own, where the decorated function would
+    be a nested ``tf.function`` whose optimizer update cannot make its
+    cross-replica ``merge_call``. One compiled with XLA is left as it is: it
+    would run without XLA, and Keras 3 fails with it too (``_distribution``
+    explains the error). With no strategy the decorated step runs as it is,
+    as for ``keras.Model``.
+    """
+    if (
+        isinstance(step, tf.types.experimental.PolymorphicFunction)
+        and tf.distribute.has_strategy()
+        and not is_xla_function(step)
+    ):
+        return step.python_function
+    return step
+
+
 def replica_context_with_peers() -> tf.distribute.ReplicaContext | None:
     """The current replica context if several replicas run in sync, else ``None``."""
     context = tf.distribute.get_replica_context()

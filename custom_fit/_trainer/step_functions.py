@@ -17,7 +17,7 @@ from typing import Any
 from custom_fit import _compat
 from custom_fit import _distribution as distribution
 from custom_fit._compat import version
-from custom_fit._compat.common import explain_xla_errors
+from custom_fit._compat.common import explain_xla_errors, in_replica
 from custom_fit._logged_values import flat_logs
 from custom_fit._optimizers import NamedOptimizers, ensure_state
 from custom_fit._state import LoopCall, state_of
@@ -99,7 +99,7 @@ class StepFunctions(_compat.TrainerHooks):
         with distribution.variables_created_outside_replicas():
             self._build_optimizer_while_tracing()
             with state_of(self).diagnostics.tracing_train_step():
-                logs = self.train_step(data)
+                logs = in_replica(self.train_step)(data)  # a @tf.function step, as Keras 3 runs it in replicas
             # A model its own step built, whose compiled optimizer the step does not use (it
             # updates with optimizers kept as attributes): still in the first trace, where
             # tf.function lets variables be created (a later trace must not).
