@@ -313,7 +313,9 @@ def mirrored_contract():
     return results
 
 
-def accumulation_run(strategy=None, optimizer="sgd", policy="float32", steps_per_execution=1, named=False, scale=1.0):
+def accumulation_run(
+    strategy=None, optimizer="sgd", policy="float32", steps_per_execution=1, named=False, scale=1.0, base=None
+):
     """A model trained with gradient accumulation, 3 epochs of 6 steps.
 
     ``optimizer``: ``"sgd"`` (SGD, 4 steps) or ``"adam"`` (Adam with
@@ -325,7 +327,7 @@ def accumulation_run(strategy=None, optimizer="sgd", policy="float32", steps_per
     values overflow float16 gradients: the loss-scale optimizer skips steps).
     Returns the weights, the history, the optimizers' variables (the
     accumulators and the counter of accumulated steps included) and the
-    loss scale.
+    loss scale. ``base``: the model's class (default ``CustomModel``).
     """
     import custom_fit
     from custom_fit import keras
@@ -364,7 +366,7 @@ def accumulation_run(strategy=None, optimizer="sgd", policy="float32", steps_per
                 group = {"hidden": make("adam"), "out": keras.optimizers.SGD(0.05, **accumulating(2))}
                 model.compile(optimizer=group, steps_per_execution=steps_per_execution, **on_compile)
             else:
-                model = custom_fit.CustomModel(inputs, outputs)
+                model = (base or custom_fit.CustomModel)(inputs, outputs)
                 model.compile(
                     optimizer=make(optimizer), loss="mse", steps_per_execution=steps_per_execution, **on_compile
                 )
@@ -412,6 +414,13 @@ def mirrored_accumulation():
             "loss_scale": [single["loss_scale"], mirrored["loss_scale"]],
             "iterations": [single["iterations"], mirrored["iterations"]],
         }
+    import custom_fit
+
+    if not custom_fit.KERAS_2:  # Keras 3's own option on keras.Model (tf_keras' optimizers have none)
+        from custom_fit import keras
+
+        plain = attempt(lambda: accumulation_run(strategy, base=keras.Model))
+        results["keras.Model/sgd"] = plain.get("error", "ok")[:3000]
     return results
 
 
@@ -590,7 +599,46 @@ def mirrored_existing_code():
             ok = "ok" in run_ and "ok" in runs[name]
             results[f"fused/{name}/{steps}"] = existing_code_deltas(runs[name]["ok"], run_["ok"]) if ok else run_
     results["handwritten_loss"] = handwritten_loss(strategy)
+    results["decorated_step"] = decorated_step(strategy)
     return results
+
+
+def decorated_step(strategy):
+    """A ``train_step`` decorated with ``@tf.function`` (plain, and ``jit_compile=True`` as TF Privacy's), as
+    Keras 2 code wrote it, under the strategy: each base's history and weights, or its error; and undecorated."""
+    import custom_fit
+    from custom_fit import keras
+
+    d = data()
+    x, y = d["x"][:GLOBAL_BATCH], d["x"][:GLOBAL_BATCH, :1]
+
+    def step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = self.compute_loss(x, y, self(x, training=True))
+        gradients = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(gradients, self.trainable_variables, strict=True))
+        return {"loss": loss}
+
+    def fit(base, decorate):
+        keras.utils.set_random_seed(SEED)
+        with strategy.scope():
+            inputs = keras.Input((8,))
+            model = type("Decorated", (base,), {"train_step": decorate(step)})(inputs, keras.layers.Dense(1)(inputs))
+            model.compile(optimizer="sgd", loss="mse")
+        history = model.fit(x, y, batch_size=GLOBAL_BATCH // 2, epochs=2, shuffle=False, verbose=0).history
+        return {"history": history, "weights": [w.tolist() for w in model.get_weights()]}
+
+    decorators = {
+        "tf.function": tf.function,
+        "tf.function(jit_compile=True)": tf.function(jit_compile=True),
+        "undecorated": lambda function: function,
+    }
+    return {
+        f"{base.__name__}/{label}": attempt(lambda base=base, decorate=decorate: fit(base, decorate))
+        for base in (keras.Model, custom_fit.CustomModel)
+        for label, decorate in decorators.items()
+    }
 
 
 def handwritten_loss(strategy):
