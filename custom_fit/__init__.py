@@ -31,7 +31,8 @@ __all__ = [
     "CompiledMetrics",
     "CustomModel",
     "CustomSequential",
-    "IncompleteBackupWarning",
+    "DamagedBackupError",
+    "DamagedBackupWarning",
     "MissingGradientWarning",
     "NamedOptimizers",
     "Steps",
@@ -56,7 +57,13 @@ from typing import Any
 # with Keras, so that `keras.models.load_model` finds them after a bare `import custom_fit`.
 from custom_fit import _compat, _deprecated, gan, random
 from custom_fit._backup_and_restore import BackupAndRestore
-from custom_fit._backup_store import BackupDirectoryInUseError, BackupStore, IncompleteBackupWarning
+from custom_fit._backup_store import (
+    BackupDirectoryInUseError,
+    BackupStore,
+    DamagedBackupError,
+    DamagedBackupWarning,
+    IncompleteBackupWarning,  # noqa: F401  # DamagedBackupWarning's name before backups carried checksums
+)
 from custom_fit._compat import KERAS_2, keras
 from custom_fit._compat.internals import UnreviewedKerasWarning
 from custom_fit._compiled import CompiledLoss, CompiledMetrics

@@ -5,8 +5,10 @@ batch (with ``save_freq=N`` the batches already trained are trained again)
 and overwrites its files in place, so a kill during a write leaves a backup
 no restart can read. This callback has Keras' signature and meaning, plus:
 
-* **atomic backups** (:class:`~custom_fit._backup_store.BackupStore`): a new
-  backup is complete on disk before it replaces the previous one;
+* **atomic, checked backups** (:class:`~custom_fit._backup_store.BackupStore`):
+  a new backup is complete on disk before it replaces the oldest one; every
+  file's checksum is checked before anything of a backup is loaded, and a
+  damaged backup falls back to the newest intact one, loudly;
 * **exact resume**: a restarted ``fit`` continues at the step after the
   backup, with the same batches in the same order, the same random state,
   optimizer state and epoch accumulators (metrics, logged values), so the
@@ -25,6 +27,7 @@ skips the batches it had trained on.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import sys
@@ -37,10 +40,18 @@ import numpy as np
 import tensorflow as tf
 
 from custom_fit import _compat
-from custom_fit._backup_store import BackupStore
+from custom_fit._backup_store import BackupStore, Damage, DamagedBackupWarning, Restored
 from custom_fit._compat import keras, version
+from custom_fit._compat.common import cluster_key_get, cluster_key_insert
 from custom_fit._optimizers import NamedOptimizers, ensure_state
-from custom_fit._preemption import EPOCH_END, PREEMPTION_EXIT_CODE, Boundary, ClusterAgreement, PreemptionNotice
+from custom_fit._preemption import (
+    EPOCH_END,
+    PREEMPTION_EXIT_CODE,
+    Boundary,
+    ClusterAgreement,
+    PreemptionNotice,
+    cluster_workers,
+)
 from custom_fit._random_state import RandomState, random_state_arrays, random_states
 from custom_fit._trainer.progress import EpochPosition, Position, Progress, epoch_metrics
 
@@ -49,6 +60,10 @@ __all__ = ["Backup", "BackupAndRestore"]
 _FORMAT = 1
 _META = "meta.json"
 _STATE = "state.npz"
+
+#: How long a worker waits for the others' lists of intact backups (they check the same files).
+_AGREEMENT_TIMEOUT_S = 600.0
+_agreements = itertools.count()  # one agreement per fit, in the same order on every worker
 
 
 @dataclasses.dataclass
@@ -118,6 +133,14 @@ class Backup:
         with open(directory / _STATE, "wb") as file:
             np.savez(file, **arrays)
 
+    @staticmethod
+    def position_of(directory: Path) -> str:
+        """Where the backup in ``directory`` resumes, for messages (``meta.json`` alone)."""
+        meta = json.loads((directory / _META).read_text())
+        trained = meta.get("trained_steps")
+        after = f", after {trained} steps" if trained is not None else ""
+        return f"epoch {meta['epoch'] + 1}, step {meta['step']}{after}"
+
     @classmethod
     def read(cls, directory: Path) -> Backup:
         """Reads what :meth:`write` wrote.
@@ -165,6 +188,15 @@ class BackupAndRestore(keras.callbacks.Callback):
       final deletion) leaves the last complete backup loadable, or, once
       the final deletion has begun, a directory the next ``fit`` starts
       afresh from;
+    * every file of a backup carries a checksum, checked before anything of
+      it is loaded: a backup whose bytes changed on disk is never loaded, in
+      whole or in part. The newest ``max_to_keep`` backups stay, and a
+      damaged newest one falls back to the newest intact one with a
+      :class:`~custom_fit._backup_store.DamagedBackupWarning` naming the
+      backup, the file and the steps each resumes at. When backups exist and
+      none is intact, ``fit`` stops with a
+      :class:`~custom_fit._backup_store.DamagedBackupError` that says how to
+      start over, instead of starting over by itself;
     * the directory is locked for one run: a second process given the
       same ``backup_dir`` gets an error instead of overwriting the backups.
       The workers of a ``MultiWorkerMirroredStrategy`` cluster share one
@@ -198,9 +230,9 @@ class BackupAndRestore(keras.callbacks.Callback):
             ``N`` (a backup every ``N`` training steps, counted across
             epochs; an ``N`` that falls on an epoch's last step is made at
             that epoch's end).
-        double_checkpoint: Keep the previous backup too, and fall back to it
-            when the newest cannot be read (a damaged disk). Backups are
-            atomic either way.
+        double_checkpoint: Keras' argument (keep the previous backup too).
+            Accepted for Keras' signature: ``max_to_keep`` backups stay
+            (``True`` with ``max_to_keep=1`` keeps 2).
         delete_checkpoint: Delete the backups when ``fit`` completes.
         save_before_preemption: On ``SIGTERM`` (a preemption notice:
             Kubernetes, Slurm, spot instances, ``timeout``), save a backup at
@@ -215,13 +247,18 @@ class BackupAndRestore(keras.callbacks.Callback):
             the one after the signalled worker's next step (see
             :class:`custom_fit._preemption.ClusterAgreement`). ``False``:
             ``SIGTERM`` ends the process as before.
+        max_to_keep: How many backups stay (at least 1; default 2): a
+            damaged newest backup falls back to the one before it. Under
+            ``MultiWorkerMirroredStrategy`` every worker checks the backups
+            and all resume from the newest one intact on every worker.
         store: Advanced: the :class:`~custom_fit._backup_store.BackupStore`
             (or a subclass) that keeps the backups; by default one for
-            ``backup_dir``.
+            ``backup_dir`` with ``max_to_keep``.
 
     Raises:
-        ValueError: ``backup_dir`` is empty, or ``save_freq`` is neither
-            ``"epoch"`` nor a positive integer.
+        ValueError: ``backup_dir`` is empty, ``save_freq`` is neither
+            ``"epoch"`` nor a positive integer, or ``max_to_keep`` is not a
+            positive integer.
 
     Example:
         >>> import tempfile, numpy as np, keras, custom_fit
@@ -239,6 +276,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         double_checkpoint: bool = False,
         delete_checkpoint: bool = True,
         save_before_preemption: bool = True,
+        max_to_keep: int = 2,
         store: BackupStore | None = None,
     ):
         super().__init__()
@@ -262,7 +300,9 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._notice: PreemptionNotice | None = None
         self._cluster: ClusterAgreement | None = None
         self._writes = True  # whether this process writes the backups (a cluster's chief does)
-        self._store = store if store is not None else BackupStore(self.backup_dir)
+        if store is None:
+            store = BackupStore(self.backup_dir, max(max_to_keep, 2) if double_checkpoint else max_to_keep)
+        self._store = store
         self._resume: Backup | None = None
         self._progress: Progress | None = None  # the running fit's (set_progress), if it is custom_fit's
         self._epoch = 0
@@ -309,7 +349,11 @@ class BackupAndRestore(keras.callbacks.Callback):
             self._store.acquire()
         if self.save_before_preemption:
             self._arm_preemption_notice()
-        self._resume = self._store.load_latest(self._load)
+        agree = self._agree_with_workers if _has_several_workers(self.model.distribute_strategy) else None
+        restored = self._store.load_latest(self._load, agree=agree)
+        self._resume = restored.value if restored is not None else None
+        if restored is not None and restored.skipped:
+            self._warn_fallback(restored)
         if self._progress is None:  # Keras' own loop (Keras 3, a plain keras.Model) reads it from the model
             version.set_initial_epoch(self.model, self._resume.epoch if self._resume else None)
         elif self._resume is not None:
@@ -469,7 +513,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             backup.write(directory)
 
         if self._writes:
-            self._store.write(fill, keep_previous=self.double_checkpoint)
+            self._store.write(fill)
             return
         # Another worker of the cluster writes. This one reads the same values (reading a variable
         # of a cluster may take part in a collective the writer waits for) and keeps nothing.
@@ -490,6 +534,48 @@ class BackupAndRestore(keras.callbacks.Callback):
             ensure_state(optimizer, self.model.trainable_variables)
         self.model.load_weights(str(directory / version.BACKUP_WEIGHTS_FILE))
         return backup
+
+    def _warn_fallback(self, restored: Restored[Backup]) -> None:
+        """Says once, loudly, which backups failed their check, where each would have resumed, where ``fit`` does."""
+
+        def would_resume(damage: Damage) -> str:
+            if damage.file == _META or self._store.check_file(damage.backup, _META) is not None:
+                return "where it would have resumed is unknown (its meta.json is not intact)"
+            return f"it would have resumed at {Backup.position_of(damage.backup)}"
+
+        failed = "; ".join(f"{damage} ({would_resume(damage)})" for damage in restored.skipped)
+        warnings.warn(
+            f"custom_fit.BackupAndRestore: {len(restored.skipped)} newer backup(s) in {self.backup_dir} failed their "
+            f"check and are not used: {failed}. Resuming from {restored.backup.name} instead, at "
+            f"{Backup.position_of(restored.backup)}: the steps after it are trained again. The next backup "
+            "written removes the damaged ones (copy them now to inspect them); check the storage under "
+            f"{self.backup_dir} if this happens again.",
+            DamagedBackupWarning,
+            stacklevel=3,
+        )
+
+    def _agree_with_workers(self, intact: list[Path]) -> list[Path]:
+        """The backups that passed their check on every worker of the cluster (each checks its own view).
+
+        Through the coordination service's key-value store, as
+        :class:`~custom_fit._preemption.ClusterAgreement`: each worker stores
+        the names it found intact, reads every worker's, and keeps those all
+        found intact, so all resume from the same backup.
+        """
+        workers, me = cluster_workers(self.model.distribute_strategy)
+        key = f"custom_fit/backups/fit_{next(_agreements)}"
+        cluster_key_insert(f"{key}/{me}", json.dumps([backup.name for backup in intact]))
+        common = {backup.name for backup in intact}
+        for worker in workers:
+            found = cluster_key_get(f"{key}/{worker}", _AGREEMENT_TIMEOUT_S)
+            if found is None:
+                raise RuntimeError(
+                    f"custom_fit.BackupAndRestore: worker {worker} did not report which backups in "
+                    f"{self.backup_dir} are intact within {_AGREEMENT_TIMEOUT_S:.0f} s. Expected every worker "
+                    "of the cluster to start fit. Fix: start all workers with the same script and TF_CONFIG."
+                )
+            common &= set(json.loads(found))
+        return [backup for backup in intact if backup.name in common]
 
     def _restore_metrics(self, values: list[list[np.ndarray]]) -> None:
         """Sets each metric variable to its backed-up value (Keras reset them when the epoch began)."""

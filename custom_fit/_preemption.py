@@ -38,7 +38,7 @@ import tensorflow as tf
 
 from custom_fit._compat.common import cluster_key_get, cluster_key_insert
 
-__all__ = ["EPOCH_END", "PREEMPTION_EXIT_CODE", "Boundary", "ClusterAgreement", "PreemptionNotice"]
+__all__ = ["EPOCH_END", "PREEMPTION_EXIT_CODE", "Boundary", "ClusterAgreement", "PreemptionNotice", "cluster_workers"]
 
 #: The exit status after a save on ``SIGTERM``: 128 + 15, what a shell reports for a process
 #: ``SIGTERM`` ended (TensorFlow's preemption handling uses it on Google Cloud too). Any
@@ -115,6 +115,16 @@ _ACK_TIMEOUT_S = 120.0
 _fits = itertools.count()  # the same sequence on every worker: they all run the same script
 
 
+def cluster_workers(strategy: tf.distribute.Strategy) -> tuple[list[str], str]:
+    """The training tasks of a multi-worker strategy's cluster (``"chief/0"``, ``"worker/1"``, ...) and this one's."""
+    resolver = strategy.cluster_resolver
+    spec = resolver.cluster_spec()
+    jobs = [job for job in ("chief", "worker") if job in spec.jobs]  # the jobs that train
+    return [
+        f"{job}/{index}" for job in jobs for index in spec.task_indices(job)
+    ], f"{resolver.task_type}/{resolver.task_id}"
+
+
 class ClusterAgreement:
     """The workers of one multi-worker ``fit`` agree on the step boundary where all of them save and exit.
 
@@ -137,10 +147,7 @@ class ClusterAgreement:
     """
 
     def __init__(self, strategy: tf.distribute.Strategy, notice: PreemptionNotice):
-        spec = strategy.cluster_resolver.cluster_spec()
-        jobs = [job for job in ("chief", "worker") if job in spec.jobs]  # the jobs that train
-        self._workers = [f"{job}/{index}" for job in jobs for index in spec.task_indices(job)]
-        self._me = f"{strategy.cluster_resolver.task_type}/{strategy.cluster_resolver.task_id}"
+        self._workers, self._me = cluster_workers(strategy)
         self._key = f"custom_fit/preemption/fit_{next(_fits)}"
         self._notice = notice
         self._agreed: Boundary | None = None  # set once, by the watcher, before it acknowledges

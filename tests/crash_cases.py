@@ -14,8 +14,8 @@ It prints, flushed, the lines the harness waits for: ``TRAINING`` when
 ``fit`` begins, ``STEP`` after each step, ``WRITING`` when a backup write
 starts (the write then pauses 50 ms before its rename), ``RESTORING`` when a
 backup is loaded (50 ms pause after loading, still inside ``on_train_begin``)
-and ``DELETING`` when the final deletion deletes a backup's files (half of
-them, then a 50 ms pause), so that kills land inside each.
+and ``DELETING`` when the final deletion deletes the last backup's files (half
+of them, then a 50 ms pause), so that kills land inside each.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import tensorflow as tf
 
 import custom_fit
 from custom_fit import keras
-from custom_fit._backup_store import BackupStore
+from custom_fit._backup_store import BackupStore, Restored
 
 T = TypeVar("T")
 
@@ -54,31 +54,35 @@ class HarnessStore(BackupStore):
 
     def __init__(self, directory: str | os.PathLike[str]):
         super().__init__(directory)
-        self.clearing = False
+        self.clearing: str | None = None  # in the final deletion: the newest backup's name, which it removes last
 
-    def write(self, fill: Callable[[Path], object], keep_previous: bool = True) -> Path:
+    def write(self, fill: Callable[[Path], object]) -> Path:
         def slow_fill(directory: Path) -> None:
             print("WRITING", flush=True)
             fill(directory)
             time.sleep(PAUSE)  # complete files, not yet renamed into place
 
-        return super().write(slow_fill, keep_previous)
+        return super().write(slow_fill)
 
-    def load_latest(self, load: Callable[[Path], T]) -> T | None:
+    def load_latest(self, load: Callable[[Path], T], **kwargs: Any) -> Restored[T] | None:
         def slow_load(directory: Path) -> T:
             print("RESTORING", flush=True)
             loaded = load(directory)
             time.sleep(PAUSE)  # loaded into the model, fit not started yet
             return loaded
 
-        return super().load_latest(slow_load)
+        return super().load_latest(slow_load, **kwargs)
 
     def clear(self) -> None:
-        self.clearing = True
+        backups = self.backups()
+        self.clearing = backups[0].name if backups else None
         super().clear()
 
     def delete_files(self, directory: Path) -> None:
-        if self.clearing:  # the final deletion (writes also delete the backup they replace)
+        # The final deletion of the last backup (writes also delete the backups they replace, and the
+        # final deletion removes the older ones first: a kill there leaves the newest, which a restart
+        # resumes from, its training done).
+        if self.clearing is not None and directory.name.endswith(self.clearing):
             files = sorted(path for path in directory.rglob("*") if path.is_file())
             for path in files[: len(files) // 2]:
                 path.unlink()
@@ -345,7 +349,14 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--worker", type=int, help="this process' index in a two-worker cluster (needs --ports)")
     parser.add_argument("--ports", help="the cluster's ports on 127.0.0.1, comma-separated")
     parser.add_argument("--validate-every", type=int, help="validation_freq=custom_fit.Steps(N) on 40 samples")
+    parser.add_argument(
+        "--own-dirs",
+        action="store_true",
+        help="each worker its own copy of the backups, BACKUP_DIR-w<index> (storage each sees on its own)",
+    )
     args = parser.parse_args(argv)
+    if args.own_dirs:
+        args.backup_dir = f"{args.backup_dir}-w{args.worker}"
 
     build, input_kind = {**SCENARIOS, **DETERMINISTIC_SCENARIOS, **STRATEGY_SCENARIOS}[args.scenario]
     if args.worker is None:

@@ -21,6 +21,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,6 +37,7 @@ import pytest
 import custom_fit
 from custom_fit import KERAS_2, keras
 from custom_fit._backup_store import BackupStore
+from custom_fit._compat import version
 from custom_fit._preemption import PREEMPTION_EXIT_CODE
 from tests import crash_cases, parity
 
@@ -224,6 +226,113 @@ def test_resumed_fit_equals_an_uninterrupted_one(
         assert _fit(build, inputs, tmp_path / "run", save_freq, interrupt_at=steps)[1] is None
     _assert_same_training(expected, _fit(build, inputs, tmp_path / "run", save_freq))
     assert not (tmp_path / "run").exists()  # delete_checkpoint
+
+
+# --------------------------------------------------------------------------
+# Damaged backups: checked before anything is loaded, the newest intact one used
+# --------------------------------------------------------------------------
+
+
+def _flip_a_bit(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01  # the middle: inside the largest weight of the weights file
+    path.write_bytes(bytes(data))
+
+
+FAULTS: dict[str, Callable[[Path], None]] = {
+    "a flipped bit": _flip_a_bit,
+    "truncated to half": lambda path: path.write_bytes(path.read_bytes()[: path.stat().st_size // 2]),
+    "zero length": lambda path: path.write_bytes(b""),
+    "deleted": lambda path: path.unlink(),
+}
+#: The files of a backup: the weights (Keras 3: an .h5 file; Keras 2: TensorFlow's checkpoint, its index, data and
+#: ``checkpoint`` files), the position and state custom_fit adds, and the manifest.
+BACKUP_FILES = (
+    *(
+        (version.BACKUP_WEIGHTS_FILE,)
+        if not KERAS_2
+        else ("weights.index", "weights.data-00000-of-00001", "checkpoint")
+    ),
+    "meta.json",
+    "state.npz",
+    "manifest.json",
+)
+
+
+def _weights_file(backup: Path) -> Path:
+    """The largest file of ``backup``: its weights."""
+    return max((path for path in backup.iterdir() if path.is_file()), key=lambda path: path.stat().st_size)
+
+
+def _resumable_model(steps_per_execution: Any = 1) -> keras.Model:
+    """The crash cases' model: with Dropout on Keras 3; on Keras 2 without (tf_keras' masks are not saved)."""
+    return crash_cases.dropout_model(steps_per_execution, dropout=not custom_fit.KERAS_2)
+
+
+def _interrupted_with_two_backups(tmp_path: Path) -> tuple[Any, Path]:
+    """An uninterrupted run, and a run stopped after 13 steps with backups after steps 5 and 10 (15-step epochs)."""
+    inputs = crash_cases.INPUTS["arrays"]
+    expected = _fit(_resumable_model, inputs, tmp_path / "uninterrupted", 5)
+    assert _fit(_resumable_model, inputs, tmp_path / "run", 5, interrupt_at=13)[1] is None
+    assert sorted(p.name for p in (tmp_path / "run").glob("backup-*")) == ["backup-0", "backup-1"]
+    return expected, tmp_path / "run"
+
+
+@pytest.mark.parametrize("file", BACKUP_FILES)
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_a_damaged_newest_backup_is_not_loaded_and_the_run_resumes_from_the_one_before(
+    tmp_path: Path, fault: str, file: str
+) -> None:
+    """The fault matrix: each file of the newest backup damaged each way. The restart warns once, naming the
+    backup, the file and both steps, and resumes at step 5 instead of 10: equal to an uninterrupted run."""
+    expected, run = _interrupted_with_two_backups(tmp_path)
+    FAULTS[fault](run / "backup-1" / file)
+    with pytest.warns(custom_fit.DamagedBackupWarning) as caught:
+        got = _fit(_resumable_model, crash_cases.INPUTS["arrays"], run, 5)
+    (warning,) = [w for w in caught if issubclass(w.category, custom_fit.DamagedBackupWarning)]
+    message = str(warning.message)
+    assert message.startswith(f"custom_fit.BackupAndRestore: 1 newer backup(s) in {run} failed their check")
+    assert f"backup-1: {file} " in message
+    if file in ("meta.json", "manifest.json"):
+        assert "where it would have resumed is unknown (its meta.json is not intact)" in message
+    else:
+        assert "it would have resumed at epoch 1, step 10, after 10 steps" in message
+    assert "Resuming from backup-0 instead, at epoch 1, step 5, after 5 steps" in message
+    _assert_same_training(expected, got)
+
+
+def test_when_every_backup_is_damaged_fit_stops_and_says_how_to_start_over(tmp_path: Path) -> None:
+    _, run = _interrupted_with_two_backups(tmp_path)
+    for backup in ("backup-0", "backup-1"):
+        _flip_a_bit(_weights_file(run / backup))
+    model = _resumable_model()
+    weights = [w.copy() for w in model.get_weights()]
+    with pytest.raises(custom_fit.DamagedBackupError) as raised:
+        model.fit(
+            **crash_cases.INPUTS["arrays"](), epochs=3, verbose=0, callbacks=[custom_fit.BackupAndRestore(run, 5)]
+        )
+    message = str(raised.value)
+    assert f"No intact backup in {run}: backup-1: {_weights_file(run / 'backup-1').name} has another CRC-32" in message
+    assert f"Fix: to start over, move {run} aside (or delete it) and run again" in message
+    assert all(np.array_equal(a, b) for a, b in zip(weights, model.get_weights(), strict=True))  # nothing loaded
+    assert sorted(p.name for p in run.glob("backup-*")) == ["backup-0", "backup-1"]  # nothing removed or written
+
+
+def test_max_to_keep_backups_stay_and_a_damaged_one_is_removed_by_the_next_write(tmp_path: Path) -> None:
+    _, run = _interrupted_with_two_backups(tmp_path)
+    _flip_a_bit(run / "backup-1" / "state.npz")
+    model = _resumable_model()
+    callbacks = [custom_fit.BackupAndRestore(run, 5, max_to_keep=3, delete_checkpoint=False), _Interrupt(6)]
+    with pytest.warns(custom_fit.DamagedBackupWarning), pytest.raises(KeyboardInterrupt):
+        model.fit(**crash_cases.INPUTS["arrays"](), epochs=3, verbose=0, callbacks=callbacks)
+    # Resumed at step 5, stopped after step 11: the backup after step 10 (backup-2) removed the damaged backup-1.
+    assert sorted(p.name for p in run.glob("backup-*")) == ["backup-0", "backup-2"]
+
+
+@pytest.mark.parametrize("max_to_keep", [0, 1.5])
+def test_max_to_keep_is_checked(tmp_path: Path, max_to_keep: Any) -> None:
+    with pytest.raises(ValueError, match=r"max_to_keep is how many backups stay, at least 1; received"):
+        custom_fit.BackupAndRestore(tmp_path, max_to_keep=max_to_keep)
 
 
 def test_epoch_backups_resume_exactly(tmp_path: Path) -> None:
@@ -514,6 +623,7 @@ def _run_cluster(
     send: int = signal.SIGKILL,
     save_freq: str = "5",
     scenario: str = "dropout_arrays",
+    options: tuple[str, ...] = (),
 ) -> ClusterRun:
     """Runs ``scenario`` as two workers on 127.0.0.1 sharing ``workdir/backup``, until both exit.
 
@@ -528,8 +638,8 @@ def _run_cluster(
     ports = ",".join(map(str, free_ports(2)))
     workers = []
     for index in range(2):
-        options = ("--worker", str(index), "--ports", ports, "--save-freq", save_freq)
-        command = _scenario_command(workdir, scenario, *options, result=f"result_w{index}.npz")
+        worker_options = ("--worker", str(index), "--ports", ports, "--save-freq", save_freq, *options)
+        command = _scenario_command(workdir, scenario, *worker_options, result=f"result_w{index}.npz")
         with open(workdir / f"stderr_w{index}.txt", "w") as stderr:
             workers.append(
                 subprocess.Popen(
@@ -609,6 +719,47 @@ def test_a_cluster_shares_one_backup_dir_and_survives_a_sigkill_of_either_worker
     statuses = _run_cluster(tmp_path).statuses
     assert statuses == [0, 0], (tmp_path / "stderr_w0.txt").read_text()[-3000:]
     _assert_cluster_equals(uninterrupted_cluster, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.keras3
+@pytest.mark.xdist_group("multi_worker")
+def test_a_backup_damaged_on_one_worker_makes_every_worker_resume_from_the_one_before(
+    tmp_path: Path, uninterrupted_cluster: Path
+) -> None:
+    """Each worker sees its own copy of the backups; the non-chief's newest has a flipped bit. Both resume from
+    the backup before it (the chief's own copy is intact), and end as an uninterrupted cluster."""
+    statuses = _run_cluster(tmp_path, kill=((1,), "step", 13), options=("--own-dirs",)).statuses
+    assert statuses == [-signal.SIGKILL] * 2, (tmp_path / "stderr_w0.txt").read_text()[-3000:]
+    chief, other = tmp_path / "backup-w0", tmp_path / "backup-w1"
+    shutil.copytree(chief, other, ignore=shutil.ignore_patterns(".lock"))
+    newest = sorted(other.glob("backup-*"), key=lambda path: int(path.name.split("-")[1]))[-1]
+    _flip_a_bit(_weights_file(newest))
+    statuses = _run_cluster(tmp_path, options=("--own-dirs",)).statuses
+    stderr = [(tmp_path / f"stderr_w{index}.txt").read_text() for index in range(2)]
+    assert statuses == [0, 0], stderr[0][-3000:]
+    assert f"{newest.name}: (on another worker) failed its check there" in stderr[0]
+    assert f"{newest.name}: {_weights_file(newest).name} has another CRC-32" in stderr[1]
+    assert all("Resuming from backup-0 instead, at epoch 1, step 5, after 5 steps" in text for text in stderr)
+    for index in range(2):  # resumed inside the first epoch: every epoch ran, and ended as never interrupted
+        assert _max_difference(uninterrupted_cluster / f"result_w{index}.npz", tmp_path / f"result_w{index}.npz") == 0
+
+
+@pytest.mark.slow
+def test_a_sigkill_while_falling_back_leaves_the_backups_and_the_run_resumes_exactly(
+    tmp_path: Path, uninterrupted_results: Any
+) -> None:
+    """The newest backup damaged, the process killed while it loads the one before: nothing is lost."""
+    scenario = "dense_arrays" if KERAS_2 else "dropout_arrays"
+    status, stderr, _ = _run_until_sigterm(tmp_path, scenario, "5", after_steps=13, send=signal.SIGKILL)
+    assert status == -signal.SIGKILL, stderr[-3000:]
+    backups = sorted(BackupStore(tmp_path / "backup").backups(), key=lambda path: int(path.name.split("-")[1]))
+    assert [path.name for path in backups] == ["backup-0", "backup-1"]
+    _flip_a_bit(_weights_file(backups[-1]))
+    report = run_with_kills(scenario, tmp_path, seed=3, kills=("restore",))
+    assert report.kills == {"restore": 1}
+    assert "Resuming from backup-0 instead, at epoch 1, step 5, after 5 steps" in (tmp_path / "stderr.txt").read_text()
+    assert _max_difference(uninterrupted_results(scenario), tmp_path / "result.npz") == 0.0
 
 
 @pytest.mark.slow
