@@ -185,6 +185,22 @@ KERAS2_CASES = {
 }
 
 
+@pytest.mark.keras3
+def test_plain_keras_fails_on_two_outputs_with_a_dict_of_losses():
+    """Keeps the upstream problem visible: the same step on keras.Model, two outputs with a dict of losses."""
+
+    class PlainKeras2Step(keras.Model):
+        train_step = Keras2Step.train_step
+        test_step = Keras2Step.test_step
+
+    case = KERAS2_CASES["two outputs, dict losses + loss_weights"]
+    with (
+        pytest.warns(UserWarning, match="deprecated"),
+        pytest.raises(TypeError, match="Expected any non-tensor type, but got a tensor instead"),
+    ):
+        case.train(PlainKeras2Step, SEED)
+
+
 @pytest.mark.parametrize("name", list(KERAS2_CASES))
 def test_keras2_step_matches_keras_model(name):
     candidate = parity.compare(f"Keras-2 step: {name}", KERAS2_CASES[name], keras.Model, Keras2Step, SEED)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import custom_fit
 from custom_fit import keras
@@ -59,3 +60,29 @@ def test_flat_logs_lifts_nested_dicts_into_the_logs():
     step = flat_logs(lambda data: {"loss": 1.0, "compile_metrics": {"accuracy": 0.5, "mae": 2.0}})
     assert step(None) == {"loss": 1.0, "accuracy": 0.5, "mae": 2.0}
     assert flat_logs(lambda data: [1.0])(None) == [1.0]  # not a dict: as it is
+
+
+@pytest.mark.keras3
+def test_get_metrics_result_leaves_out_compiled_metrics_no_step_updated():
+    """A step that updates no compiled metric: Keras 3's get_metrics_result raises, CustomModel's leaves it out."""
+
+    def own_step(base):
+        class OwnStep(base):
+            def train_step(self, data):
+                x, y = data
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean(tf.square(self(x, training=True) - y))
+                gradients = tape.gradient(loss, self.trainable_variables)
+                self.optimizer.apply_gradients(zip(gradients, self.trainable_variables, strict=True))
+                return self.get_metrics_result()
+
+        inputs = keras.Input((2,))
+        model = OwnStep(inputs, keras.layers.Dense(1)(inputs))
+        model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
+        return model
+
+    x, y = np.ones((8, 2), "float32"), np.ones((8, 1), "float32")
+    with pytest.raises(ValueError, match=r"Cannot get result\(\) since the metric has not yet been built"):
+        own_step(keras.Model).fit(x, y, verbose=0)
+    history = own_step(custom_fit.CustomModel).fit(x, y, epochs=2, verbose=0).history
+    assert "mae" not in history and len(history["loss"]) == 2

@@ -342,3 +342,23 @@ def test_ensure_state_refuses_a_member_on_another_members_variables():
         ensure_state(model.optimizer, model.encoder.trainable_weights, member="other")
     with pytest.raises(TypeError, match=r"ensure_state\(member='other'\) expected a NamedOptimizers"):
         ensure_state(keras.optimizers.Adam(), model.encoder.trainable_weights, member="other")
+
+
+def test_learning_rate_callbacks_act_on_every_named_optimizer():
+    """docs/gans.md: Keras' learning-rate callbacks set every member of a named group, on both Kerases.
+
+    Keras 3.15 sets each member; Keras 2 (and earlier Keras 3) set one ``optimizer.lr``, the group's,
+    which scales every member's rate by the same factor.
+    """
+    model = TwoHeads()
+    model.compile(optimizer={"encoder": keras.optimizers.SGD(0.1), "head": keras.optimizers.Adam(0.4)})
+
+    def rates():
+        return [float(np.array(o.learning_rate)) for o in model.optimizer.optimizers]
+
+    halve = keras.callbacks.LearningRateScheduler(lambda epoch, lr: lr * 0.5)
+    model.fit(X, X[:, :1], batch_size=33, epochs=2, verbose=0, callbacks=[halve])
+    assert rates() == pytest.approx([0.025, 0.1])
+    plateau = keras.callbacks.ReduceLROnPlateau(monitor="loss", factor=0.5, patience=0, min_delta=1e9, min_lr=0)
+    model.fit(X, X[:, :1], batch_size=33, epochs=2, verbose=0, callbacks=[plateau])  # the second epoch reduces
+    assert rates() == pytest.approx([0.0125, 0.05])

@@ -66,3 +66,31 @@ def test_variable_names_are_the_variables_paths():
 
     model = small_model()
     assert keras3.variable_names(model, model.trainable_variables) == [v.path for v in model.trainable_variables]
+
+
+def test_a_private_keras_attribute_gone_is_an_attribute_error():
+    """docs/keras_internals.md: a private name custom_fit reads, renamed by Keras, fails loudly instead of drifting."""
+    model = small_model()
+    model.compile(optimizer="sgd", loss="mse")
+    model._renamed_loss_tracker = model._loss_tracker  # as a Keras release that renamed it would have it
+    del model._loss_tracker
+    with pytest.raises(AttributeError, match="has no attribute '_loss_tracker'"):
+        model.fit(np.zeros((4, 3)), np.zeros((4, 1)), verbose=0)
+
+
+def test_scalar_logs_are_averaged_across_workers_where_keras_reduce_fails(monkeypatch):
+    """Keras' ``reduce_per_replica`` under ``MultiWorkerMirroredStrategy`` reduces with ``axis=0``: not a scalar.
+
+    The multi-worker branch is taken on one in-process ``MirroredStrategy`` by patching Keras' check.
+    """
+    import tensorflow as tf
+    from keras.src.backend.tensorflow import trainer
+
+    from custom_fit._compat import keras3
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    monkeypatch.setattr(trainer, "_collective_all_reduce_multi_worker", lambda strategy: True)
+    logs = strategy.run(lambda: {"loss": tf.constant(2.5)})
+    with pytest.raises(ValueError, match="Invalid reduction dimension 0 for input with 0 dimensions"):
+        trainer.reduce_per_replica(logs, strategy, reduction="auto")
+    assert float(keras3._reduce_logs(strategy, logs)["loss"]) == 2.5

@@ -524,3 +524,59 @@ def test_gradient_accumulation_under_mirrored_equals_one_device(mirrored_accumul
     assert result["iterations"][0] == result["iterations"][1]
     if case.endswith("skips"):
         assert single_scale < 2.0**15  # Keras' initial scale was halved: steps were skipped
+
+
+# One MultiWorkerMirroredStrategy worker (argv: index, ports) that runs one collective per step; worker 1 exits
+# (as if killed) before step 3. Prints each step it completes, and the error of the step that failed.
+PEER_LOSS_WORKER = """
+import json, os, sys
+index, ports = int(sys.argv[1]), sys.argv[2].split(",")
+os.environ["TF_CONFIG"] = json.dumps(
+    {"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]}, "task": {"type": "worker", "index": index}}
+)
+import tensorflow as tf
+
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+
+@tf.function
+def step():
+    return strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
+
+for number in range(1000):
+    if index == 1 and number == 3:
+        os._exit(9)
+    try:
+        step()
+    except tf.errors.OpError as error:
+        print(f"FAILED at step {number}: {type(error).__name__}", flush=True)
+        sys.exit(3)
+    print(f"STEP {number}", flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("multi_worker")
+def test_a_worker_that_loses_its_peer_fails_in_its_next_collective():
+    """docs/scaling.md: a worker whose peer died does not hang; its next collective fails (TensorFlow's
+    coordination service notices the missing peer), so an orchestrator restarting failed jobs restarts it."""
+    ports = ",".join(map(str, free_ports(2)))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", PEER_LOSS_WORKER, str(i), ports],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    try:
+        outputs = [w.communicate(timeout=300) for w in workers]
+    finally:
+        for w in workers:
+            w.kill()
+    assert workers[1].returncode == 9, outputs[1][1][-3000:]
+    survivor, errors = outputs[0]
+    assert workers[0].returncode == 3, errors[-3000:]
+    assert survivor.splitlines()[-1].startswith("FAILED at step 3: "), survivor + errors[-3000:]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -65,3 +66,35 @@ def test_fit_logs_no_warning():
     _, marker, after = completed.stderr.partition(MARKER)
     assert marker, completed.stderr
     assert [line for line in after.splitlines() if line.strip()] == [f"WARNING:tensorflow:{OWN_WARNING}"]
+
+
+def _sum_of_range_in_a_tf_function(n: int) -> int:
+    """A ``tf.function`` that loops over a tensor, which only AutoGraph's conversion makes graph code."""
+    import tensorflow as tf
+
+    @tf.function
+    def total(n):
+        result = tf.constant(0)
+        for i in tf.range(n):
+            result += i
+        return result
+
+    return int(total(tf.constant(n)))
+
+
+# What setup.cfg ignores for the tests (docs/testing.md): Python 3.13's deprecation of AutoGraph's annotation field.
+PYCT_ANNO = r"\w+\.__init__ got an unexpected keyword argument '___pyct_anno'"
+
+
+def test_warnings_as_errors_stop_autograph_on_python_3_13():
+    """docs/testing.md: on Python 3.13 warnings as errors make AutoGraph give up, and a loop over a tensor fails;
+    ignoring that one deprecation by its message (as setup.cfg does) lets it convert. Earlier Pythons convert."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        if sys.version_info >= (3, 13):
+            with pytest.raises(TypeError, match=r"Iterating over a symbolic `tf\.Tensor` is not allowed"):
+                _sum_of_range_in_a_tf_function(4)
+        else:
+            assert _sum_of_range_in_a_tf_function(4) == 6
+        warnings.filterwarnings("ignore", message=PYCT_ANNO, category=DeprecationWarning)
+        assert _sum_of_range_in_a_tf_function(4) == 6

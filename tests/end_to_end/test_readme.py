@@ -42,9 +42,10 @@ def test_every_named_block_is_found_once_where_expected():
 
 
 def test_the_readme_is_a_front_door():
-    """At most about 12 KB: what it is, the two commands, quick start, step, GAN, versions, differences, links."""
+    """At most about 14 KB: what it is, the two commands, quick start, step, GAN, versions, differences (each
+    claim that Keras fails naming its test, tests/end_to_end/test_docs_claims.py), links."""
     readme = (ROOT / "README.md").read_text()
-    assert len(readme.encode()) <= 13_500
+    assert len(readme.encode()) <= 14_300
     for page in re.findall(r"\]\((docs/[\w.]+\.md)", readme):
         assert (ROOT / page).is_file(), page
 
