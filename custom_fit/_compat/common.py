@@ -370,9 +370,14 @@ def in_replica(step: Any) -> Any:
 
 
 def replica_context_with_peers() -> tf.distribute.ReplicaContext | None:
-    """The current replica context if several replicas run in sync, else ``None``."""
+    """The current replica context under a ``tf.distribute`` strategy (also of one replica), else ``None``.
+
+    A strategy of one replica (``MirroredStrategy()`` on a machine with one
+    GPU) still makes an optimizer's update a cross-replica ``merge_call``:
+    the update goes the strategy's way, as with several replicas.
+    """
     context = tf.distribute.get_replica_context()
-    if context is None or context.num_replicas_in_sync <= 1:
+    if context is None or not tf.distribute.has_strategy():
         return None
     return context
 
