@@ -239,7 +239,7 @@ def _flip_a_bit(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-FAULTS: dict[str, Callable[[Path], None]] = {
+FAULTS: dict[str, Callable[[Path], object]] = {
     "a flipped bit": _flip_a_bit,
     "truncated to half": lambda path: path.write_bytes(path.read_bytes()[: path.stat().st_size // 2]),
     "zero length": lambda path: path.write_bytes(b""),

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import custom_fit
-from custom_fit._backup_store import BackupStore
+from custom_fit._backup_store import BackupStore, Restored
 from tests import crash_cases
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,6 +28,13 @@ def _read_text(directory: Path) -> str:
     if "\0" in text:
         raise ValueError("damaged")
     return text
+
+
+def _latest(store: BackupStore) -> Restored[str]:
+    """What ``store.load_latest`` loaded with ``_read_text`` (there must be something to load)."""
+    restored = store.load_latest(_read_text)
+    assert restored is not None
+    return restored
 
 
 def _damage(path: Path) -> None:
@@ -89,10 +96,10 @@ def test_store_ignores_a_write_that_did_not_finish(tmp_path: Path) -> None:
     store.write(_write_text("complete"))
     (tmp_path / ".writing-1").mkdir()  # what a kill during a write leaves
     (tmp_path / ".writing-1" / "state.txt").write_text("half")
-    assert store.load_latest(_read_text).value == "complete"
+    assert _latest(store).value == "complete"
     store.write(_write_text("next"))
     assert not (tmp_path / ".writing-1").exists()
-    assert store.load_latest(_read_text).value == "next"
+    assert _latest(store).value == "next"
 
 
 DAMAGES = {
@@ -112,7 +119,12 @@ def test_a_damaged_newest_backup_is_never_loaded_and_the_one_before_is(tmp_path:
     harm, problem = DAMAGES[damage]
     harm(newest / "state.txt")
     loaded = []
-    restored = store.load_latest(lambda directory: loaded.append(directory.name) or _read_text(directory))
+
+    def load(directory: Path) -> str:
+        loaded.append(directory.name)
+        return _read_text(directory)
+
+    restored = store.load_latest(load)
     assert loaded == ["backup-0"]  # the damaged backup's load never ran
     assert restored is not None and restored.value == "good"
     (skipped,) = restored.skipped
@@ -176,7 +188,7 @@ def test_store_skips_a_backup_with_files_missing_written_with_sizes_only(tmp_pat
     assert restored is not None and restored.value == "good"
     assert restored.skipped[0].problem == "cannot be read: ValueError: damaged"
     (newest / "state.txt").unlink()
-    assert store.load_latest(_read_text).skipped[0].problem == "is missing"
+    assert _latest(store).skipped[0].problem == "is missing"
     store.write(_write_text("next"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["backup-0", "backup-2"]
 
@@ -200,7 +212,7 @@ def test_the_next_write_removes_the_backups_found_damaged(tmp_path: Path) -> Non
     store = BackupStore(tmp_path, max_to_keep=3)
     store.write(_write_text("good"))
     _flip_a_bit(store.write(_write_text("newest")) / "state.txt")
-    assert store.load_latest(_read_text).value == "good"
+    assert _latest(store).value == "good"
     store.write(_write_text("next"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["backup-0", "backup-2"]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -66,7 +68,7 @@ def test_flat_logs_lifts_nested_dicts_into_the_logs():
 def test_get_metrics_result_leaves_out_compiled_metrics_no_step_updated():
     """A step that updates no compiled metric: Keras 3's get_metrics_result raises, CustomModel's leaves it out."""
 
-    def own_step(base):
+    def own_step(base: Any) -> Any:
         class OwnStep(base):
             def train_step(self, data):
                 x, y = data

@@ -202,26 +202,30 @@ def free_ports(n):
     return ports
 
 
-def run_two_workers(out, group="worker"):
-    """Runs ``group`` of ``tests/strategy_cases.py`` as two workers on 127.0.0.1; both results."""
+def two_processes(arguments, timeout):
+    """Runs ``arguments(index, ports)`` as workers 0 and 1 (ports free on 127.0.0.1); the processes and outputs."""
     ports = ",".join(map(str, free_ports(2)))
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     workers = [
         subprocess.Popen(
-            [sys.executable, "-m", "tests.strategy_cases", group, str(i), ports, str(out / f"w{i}.json")],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+            arguments(i, ports), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
         for i in range(2)
     ]
     try:
-        outputs = [w.communicate(timeout=600) for w in workers]
+        outputs = [w.communicate(timeout=timeout) for w in workers]
     finally:
         for w in workers:
             w.kill()
+    return workers, outputs
+
+
+def run_two_workers(out, group="worker"):
+    """Runs ``group`` of ``tests/strategy_cases.py`` as two workers on 127.0.0.1; both results."""
+    workers, outputs = two_processes(
+        lambda i, ports: [sys.executable, "-m", "tests.strategy_cases", group, str(i), ports, str(out / f"w{i}.json")],
+        timeout=600,
+    )
     for w, (_, err) in zip(workers, outputs, strict=True):
         assert w.returncode == 0, err[-4000:]
     return [json.loads((out / f"w{i}.json").read_text()) for i in range(2)]
@@ -559,23 +563,7 @@ for number in range(1000):
 def test_a_worker_that_loses_its_peer_fails_in_its_next_collective():
     """docs/scaling.md: a worker whose peer died does not hang; its next collective fails (TensorFlow's
     coordination service notices the missing peer), so an orchestrator restarting failed jobs restarts it."""
-    ports = ",".join(map(str, free_ports(2)))
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    workers = [
-        subprocess.Popen(
-            [sys.executable, "-c", PEER_LOSS_WORKER, str(i), ports],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    try:
-        outputs = [w.communicate(timeout=300) for w in workers]
-    finally:
-        for w in workers:
-            w.kill()
+    workers, outputs = two_processes(lambda i, ports: [sys.executable, "-c", PEER_LOSS_WORKER, str(i), ports], 300)
     assert workers[1].returncode == 9, outputs[1][1][-3000:]
     survivor, errors = outputs[0]
     assert workers[0].returncode == 3, errors[-3000:]
