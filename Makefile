@@ -118,7 +118,7 @@ test-py313: $(PY313)/venv.installed
 	$(PY313_PYTEST) $(PY313_KERAS3_TESTS) -k "$(COMPAT_DESELECT)"
 	TF_USE_LEGACY_KERAS=1 $(PY313_PYTEST) $(PY313_KERAS2_TESTS) -k "$(COMPAT_DESELECT)"
 
-## The tools around Keras with their real packages (MLflow, Comet, W&B, DVCLive, Optuna, KerasTuner, TensorBoard:
+## The tools around Keras with their real packages (MLflow, Comet, W&B, DVCLive, Optuna, KerasTuner, ClearML, tfmot:
 ## setup.cfg's `integrations` extra), offline, on Keras 3 and then on Keras 2: tests/integrations/, in a venv of its
 ## own (about 3.2 GB; DVCLive brings DVC). CI installs it in the background during `make test`.
 INTEGRATIONS := .venv-integrations
