@@ -51,6 +51,11 @@ _Method = TypeVar("_Method", bound=Callable[..., Any])
 #: copies a method's name and signature with ``functools.wraps``, never its code).
 _KERAS_FOLDER = os.path.dirname(os.path.abspath(keras.__file__)) + os.sep
 
+#: Keras' model class, as it was when custom_fit was imported: tools replace its methods, and code that
+#: replaces the module's ``Model`` itself (tf_keras' own tests run with ``CustomModel`` in its place) installs
+#: no tool.
+_KERAS_MODEL = keras.Model
+
 #: The methods a call of each may run in turn: ``fit`` validates through ``evaluate``.
 _CALLS = {"fit": ("fit", "evaluate"), "evaluate": ("evaluate",), "predict": ("predict",)}
 
@@ -146,9 +151,9 @@ _COPIES: dict[str, tuple[Any, Any]] = {}
 
 def _installed_wrapper(name: str) -> tuple[Any, Any] | None:
     """``(wrapper, copy)`` for the tool's wrapper on ``keras.Model.<name>``; ``None`` while Keras' own is there."""
-    installed = getattr(keras.Model, name)
-    if is_keras_function(installed, name):
-        return None
+    installed = getattr(_KERAS_MODEL, name)
+    if is_keras_function(installed, name) or getattr(installed, "__wrapped__", None) is _METHODS[name]:
+        return None  # Keras' own, or custom_fit's (put there by whoever made CustomModel Keras' model)
     found = _COPIES.get(name)
     if found is None or found[0] is not installed:
         found = (installed, _pointed_at(installed, name, _METHODS[name]))
