@@ -560,11 +560,12 @@ for number in range(1000):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("multi_worker")
-def test_a_worker_that_loses_its_peer_fails_in_its_next_collective():
+def test_two_workers_one_lost_the_other_fails_in_its_next_collective():
     """docs/scaling.md: a worker whose peer died does not hang; its next collective fails (TensorFlow's
     coordination service notices the missing peer), so an orchestrator restarting failed jobs restarts it."""
     workers, outputs = two_processes(lambda i, ports: [sys.executable, "-c", PEER_LOSS_WORKER, str(i), ports], 300)
     assert workers[1].returncode == 9, outputs[1][1][-3000:]
     survivor, errors = outputs[0]
     assert workers[0].returncode == 3, errors[-3000:]
-    assert survivor.splitlines()[-1].startswith("FAILED at step 3: "), survivor + errors[-3000:]
+    # The collective the peer left after (step 2) may end on the survivor after the peer is gone: step 2 or 3.
+    assert re.match(r"FAILED at step [23]: ", survivor.splitlines()[-1]), survivor + errors[-3000:]
