@@ -6,7 +6,9 @@ leaves files that no restart can read, and a file whose bytes went bad on disk
 is loaded as it is. :class:`BackupStore` never changes a backup in place, and
 checks every byte before anything is loaded:
 
-* **writing**: each backup is written into a temporary directory with a
+* **writing**: each backup is written into a temporary directory
+  (:meth:`BackupStore.begin`; its files may be written by another thread)
+  and made a backup by :meth:`BackupStore.commit`, with a
   manifest of its files (their sizes and CRC-32 checksums), flushed to disk
   (``fsync``), then renamed to ``backup-<number>``. A rename within a
   directory is atomic on POSIX file systems, so a ``backup-*`` directory is
@@ -33,7 +35,9 @@ Written here rather than taken from a library because none of the ones
 Keras or TensorFlow ship does this for Keras' weight files:
 ``tf.train.CheckpointManager`` writes its ``checkpoint`` index in place, and
 TensorFlow's asynchronous checkpoints fail on Keras 3's variables
-(``_copy_trackable_to_cpu`` creates a variable inside a ``tf.function``). The
+(``_copy_trackable_to_cpu`` creates a variable inside a ``tf.function``; on
+Keras 2, whose backups are TensorFlow checkpoints, custom_fit uses them to
+copy the weights: ``_compat.keras2.snapshot_weights``). The
 checksum is ``zlib``'s CRC-32, what a ``.keras`` (zip) file carries per member:
 it catches every burst of up to 32 flipped bits, at twice SHA-256's speed here
 (10 ms against 19 ms for a 25 MB weights file). The lock is ``fcntl.flock``
@@ -67,6 +71,7 @@ __all__ = [
     "DamagedBackupError",
     "DamagedBackupWarning",
     "IncompleteBackupWarning",
+    "PendingBackup",
     "Restored",
 ]
 
@@ -124,6 +129,19 @@ class Damage:
 
     def __str__(self) -> str:
         return f"{self.backup.name}: {self.file} {self.problem}"
+
+
+@dataclasses.dataclass(frozen=True)
+class PendingBackup:
+    """A backup being written (:meth:`BackupStore.begin`): not a backup until :meth:`BackupStore.commit`.
+
+    Attributes:
+        directory: The temporary directory its files go into.
+        number: The number it will have (``backup-<number>``).
+    """
+
+    directory: Path
+    number: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,11 +271,23 @@ class BackupStore:
     def write(self, fill: Callable[[Path], object]) -> Path:
         """Makes a new backup: ``fill(directory)`` writes its files; then the oldest beyond ``max_to_keep`` go.
 
-        Damaged backups go too: those :meth:`load_latest` found, and those
-        with a file missing or of another size (no checksum is read here).
+        :meth:`begin`, ``fill``, then :meth:`commit`. Damaged backups go too:
+        those :meth:`load_latest` found, and those with a file missing or of
+        another size (no checksum is read here).
 
         Returns:
             The new backup's directory.
+        """
+        pending = self.begin()
+        fill(pending.directory)
+        return self.commit(pending)
+
+    def begin(self) -> PendingBackup:
+        """Starts a new backup: a temporary directory for its files, which no reader takes for a backup.
+
+        One backup at a time: call :meth:`commit` (or let the process end,
+        which leaves the temporary directory to the next write) before the
+        next :meth:`begin`.
         """
         self.directory.mkdir(parents=True, exist_ok=True)
         numbered = self._numbered()
@@ -265,10 +295,18 @@ class BackupStore:
         self._remove_leftovers()
         temporary = self.directory / f"{_TEMPORARY_PREFIX}{number}"
         temporary.mkdir()
-        fill(temporary)
-        _write_manifest(temporary)
-        final = self.directory / f"backup-{number}"
-        os.rename(temporary, final)
+        return PendingBackup(temporary, number)
+
+    def commit(self, pending: PendingBackup) -> Path:
+        """Makes ``pending``'s files a backup: its manifest, on disk, renamed into place; old backups go.
+
+        Returns:
+            The new backup's directory.
+        """
+        numbered = self._numbered()
+        _write_manifest(pending.directory)
+        final = self.directory / f"backup-{pending.number}"
+        os.rename(pending.directory, final)
         _fsync(self.directory)  # the rename itself reaches the disk
         whole = [path for path in numbered if path not in self._damaged and self._size_damage(path) is None]
         unwanted = [path for path in numbered if path not in whole] + whole[self.max_to_keep - 1 :]
