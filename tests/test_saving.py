@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,7 +17,7 @@ import tensorflow as tf
 
 import custom_fit
 from custom_fit import _compat, keras
-from tests import parity
+from tests import crash_cases, parity
 
 DATA = parity.classification_data()
 SEED = 7
@@ -988,3 +989,27 @@ def test_every_custom_compile_signature_is_recompiled_with_its_arguments(signatu
     model = cls(encoder())
     compile(model)
     assert_round_trip(model, tmp_path / "m.keras")
+
+
+def test_a_snapshot_of_the_weights_is_written_later_with_its_steps_values(tmp_path: Path) -> None:
+    """``snapshot_weights`` (a ``BackupAndRestore`` backup, written in the background) copies what ``save_weights``
+    writes; the file written after more training holds the values of the snapshot's step. On Keras 3 it is the file
+    ``save_weights`` writes then, byte for byte: the store that copies Keras' walk of the model (``_save_state``,
+    ``H5IOStore.make``) is checked on every Keras row so."""
+    version = _compat.version
+    model = crash_cases.dropout_model(dropout=not custom_fit.KERAS_2)
+    x, y = crash_cases.arrays()
+    model.fit(x, y, epochs=1, verbose=0)
+    path = tmp_path / version.BACKUP_WEIGHTS_FILE
+    write = version.snapshot_weights(model, str(path))
+    taken = crash_cases.variables_of(model)
+    if not custom_fit.KERAS_2:
+        model.save_weights(str(tmp_path / "now.weights.h5"))
+    model.fit(x, y, epochs=1, verbose=0)  # trains on while the snapshot waits to be written
+    assert any(not np.array_equal(a, b) for a, b in zip(taken, crash_cases.variables_of(model), strict=True))
+    write()
+    if not custom_fit.KERAS_2:
+        assert path.read_bytes() == (tmp_path / "now.weights.h5").read_bytes()
+    model.load_weights(str(path))
+    for want, have in zip(taken, crash_cases.variables_of(model), strict=True):
+        np.testing.assert_array_equal(have, want)

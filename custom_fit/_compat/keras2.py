@@ -103,6 +103,7 @@ __all__ = [
     "set_accumulation_steps",
     "set_initial_epoch",
     "share_registered_name",
+    "snapshot_weights",
     "sum_across_replicas",
     "unscale_gradients",
     "unscale_loss_for_distribution",
@@ -630,6 +631,20 @@ def is_functional_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
 #: The weights of a ``custom_fit.BackupAndRestore`` backup: a TensorFlow checkpoint
 #: prefix, because tf_keras' ``.h5`` weights leave the optimizer's state out.
 BACKUP_WEIGHTS_FILE = "weights"
+
+
+def snapshot_weights(model: keras.Model, path: str) -> Callable[[], None]:
+    """Copies what ``model.save_weights(path)`` writes to host memory; the function returned waits for the file.
+
+    TensorFlow's asynchronous checkpoint does it: ``save_weights`` returns
+    once the variables are copied (to CPU copies it keeps), and TensorFlow's
+    own thread writes the files; the function returned waits for them (the
+    model's checkpoint's ``sync``), and may run in another thread while
+    training goes on. (On Keras 3 the same option fails: TensorFlow copies a
+    Keras 3 variable by creating one inside a ``tf.function``.)
+    """
+    model.save_weights(path, options=tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True))
+    return model._checkpoint.sync
 
 
 def set_initial_epoch(model: Any, epoch: int | None) -> None:

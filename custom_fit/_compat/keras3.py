@@ -12,6 +12,7 @@ Nothing in this module is public API.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,7 @@ from keras.src.models import functional as _functional
 from keras.src.models import model as _model
 from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
 from keras.src.saving import object_registration as _registration
+from keras.src.saving import saving_lib as _saving_lib
 from keras.src.trainers import compile_utils as _compile_utils
 from keras.src.utils import python_utils as _python_utils
 
@@ -91,6 +93,7 @@ __all__ = [
     "set_accumulation_steps",
     "set_initial_epoch",
     "share_registered_name",
+    "snapshot_weights",
     "sum_across_replicas",
     "unscale_gradients",
     "unscale_loss_for_distribution",
@@ -605,6 +608,61 @@ def is_functional_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
 
 #: The weights file of a ``custom_fit.BackupAndRestore`` backup (model, optimizer and seed states).
 BACKUP_WEIGHTS_FILE = "model.weights.h5"
+
+
+class _CopiedWeights(_saving_lib.H5IOStore):
+    """What ``save_weights`` writes, copied to host memory by Keras' own walk of the model, to write later.
+
+    Keras' ``save_weights`` walks the model (``_save_state``: layers,
+    optimizers, metrics, each one's ``save_own_variables``) and writes each
+    value into an HDF5 file as it goes, so the file can only be written while
+    training waits. This store takes the walk's values instead (copies: the
+    variables train on) and :meth:`write` replays them into Keras' own
+    ``H5IOStore`` in the same order, which makes the same file, byte for byte
+    (``tests/compat/test_keras3.py``). It derives from ``H5IOStore`` only
+    because ``_save_state`` accepts no other store (Keras >= 3.12); it opens
+    no file.
+    """
+
+    def __init__(self) -> None:  # no super().__init__(): that opens an HDF5 file
+        self.entries: list[tuple[str, dict[str, Any] | None, _Copying]] = []
+
+    def __bool__(self) -> bool:  # H5IOStore asks its file
+        return True
+
+    def make(self, path: str, metadata: dict[str, Any] | None = None) -> _Copying:
+        values = _Copying()
+        self.entries.append((path, metadata, values))
+        return values
+
+    def write(self, path: str) -> None:
+        """Writes the file ``save_weights(path)`` would have written when the values were copied."""
+        store = _saving_lib.H5IOStore(path, mode="w")
+        try:
+            for inner_path, metadata, values in self.entries:
+                entry = store.make(inner_path, metadata=metadata)
+                for key, value in values.items():
+                    entry[key] = value
+        finally:
+            store.close()
+
+
+class _Copying(dict[str, np.ndarray]):
+    """One entry of :class:`_CopiedWeights`: each value set is copied to a NumPy array at once."""
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        super().__setitem__(key, np.array(keras.ops.convert_to_numpy(value), copy=True))
+
+
+def snapshot_weights(model: keras.Model, path: str) -> Callable[[], None]:
+    """Copies what ``model.save_weights(path)`` writes to host memory; the function returned writes the file.
+
+    The copy is the only part that needs the training thread; the function
+    returned may run in another thread while training goes on.
+    """
+    copied = _CopiedWeights()
+    _saving_lib._save_state(model, weights_store=copied, assets_store=None, inner_path="", visited_saveables=set())
+    return functools.partial(copied.write, path)
 
 
 def set_initial_epoch(model: keras.Model, epoch: int | None) -> None:

@@ -256,6 +256,11 @@ EXTENSION_POINTS = {
     "custom_fit.gan.GAN": "a model written the way users write one (its own __init__, compile, call, steps, config)",
     "custom_fit.gan_samples.GenerateSamples": "a Callback: on_epoch_end is a public hook",
     "custom_fit._backup_and_restore.BackupAndRestore": "a Callback: public hooks (__init__: *-backup-and-restore)",
+    "custom_fit._compat.keras3._CopiedWeights.__init__": (
+        "a store that opens no file: it copies Keras' walk of the model (a backup written later); the file it writes "
+        "equals save_weights' byte for byte on every Keras row (tests/test_saving.py)"
+    ),
+    "custom_fit._compat.keras3._CopiedWeights.make": "the same store: records each entry of the walk, in its order",
     "custom_fit._optimizers.NamedOptimizers.__init__": "an optimizer's constructor",
     "custom_fit._optimizers.NamedOptimizers.apply_gradients": "refuses: a group applies no gradients itself",
     "custom_fit._optimizers.NamedOptimizers.apply": "refuses: a group applies no gradients itself",
