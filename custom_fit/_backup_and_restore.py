@@ -9,6 +9,9 @@ no restart can read. This callback has Keras' signature and meaning, plus:
   a new backup is complete on disk before it replaces the oldest one; every
   file's checksum is checked before anything of a backup is loaded, and a
   damaged backup falls back to the newest intact one, loudly;
+* **written in the background**: training waits only while a backup's state
+  is copied to host memory; a thread writes its files
+  (:class:`~custom_fit._background_write.BackgroundWriter`);
 * **exact resume**: a restarted ``fit`` continues at the step after the
   backup, with the same batches in the same order, the same random state,
   optimizer state and epoch accumulators (metrics, logged values), so the
@@ -30,6 +33,7 @@ import dataclasses
 import itertools
 import json
 import os
+import shutil
 import sys
 import tempfile
 import warnings
@@ -40,7 +44,8 @@ import numpy as np
 import tensorflow as tf
 
 from custom_fit import _compat
-from custom_fit._backup_store import BackupStore, Damage, DamagedBackupWarning, Restored
+from custom_fit._background_write import BackgroundWriter
+from custom_fit._backup_store import BackupStore, Damage, DamagedBackupWarning, PendingBackup, Restored
 from custom_fit._compat import keras, version
 from custom_fit._compat.common import cluster_key_get, cluster_key_insert
 from custom_fit._optimizers import NamedOptimizers, ensure_state
@@ -197,6 +202,9 @@ class BackupAndRestore(keras.callbacks.Callback):
       none is intact, ``fit`` stops with a
       :class:`~custom_fit._backup_store.DamagedBackupError` that says how to
       start over, instead of starting over by itself;
+    * a backup's files are written in a thread while training goes on
+      (``write_in_background``): training waits only while its state is
+      copied to host memory, and one backup is in flight at a time;
     * the directory is locked for one run: a second process given the
       same ``backup_dir`` gets an error instead of overwriting the backups.
       The workers of a ``MultiWorkerMirroredStrategy`` cluster share one
@@ -219,7 +227,8 @@ class BackupAndRestore(keras.callbacks.Callback):
     the resumed epoch restores the metrics and random state; a batch-level
     backup is written at the ``on_train_batch_begin`` after every
     ``save_freq`` steps (so never at an epoch's end, where the epoch-end
-    backup follows); ``on_train_end`` deletes the backups when
+    backup follows), its files in the background; ``on_train_end`` waits
+    for the backup in flight, then deletes the backups when
     ``delete_checkpoint`` and unlocks ``backup_dir``. (A ``fit`` that raises
     keeps the lock until its process ends or a later ``fit`` of the same
     process takes it over.)
@@ -251,6 +260,14 @@ class BackupAndRestore(keras.callbacks.Callback):
             damaged newest backup falls back to the one before it. Under
             ``MultiWorkerMirroredStrategy`` every worker checks the backups
             and all resume from the newest one intact on every worker.
+        write_in_background: Write each backup's files while training goes
+            on (default): training waits only while the weights are copied
+            to host memory (one copy of the model's and optimizer's state is
+            held for it), then a thread writes, checks and renames the files
+            into place; the next backup, ``on_train_end`` and a preemption's
+            exit wait for it. A write that fails raises its error at the next
+            backup or at the end of ``fit``. ``False``: each backup is on disk
+            before training goes on.
         store: Advanced: the :class:`~custom_fit._backup_store.BackupStore`
             (or a subclass) that keeps the backups; by default one for
             ``backup_dir`` with ``max_to_keep``.
@@ -277,6 +294,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         delete_checkpoint: bool = True,
         save_before_preemption: bool = True,
         max_to_keep: int = 2,
+        write_in_background: bool = True,
         store: BackupStore | None = None,
     ):
         super().__init__()
@@ -303,6 +321,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         if store is None:
             store = BackupStore(self.backup_dir, max(max_to_keep, 2) if double_checkpoint else max_to_keep)
         self._store = store
+        self.write_in_background = write_in_background
+        self._writer = BackgroundWriter(write_in_background)
         self._resume: Backup | None = None
         self._progress: Progress | None = None  # the running fit's (set_progress), if it is custom_fit's
         self._epoch = 0
@@ -322,6 +342,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         the callback then resumes at epochs, through Keras' own means.
         """
         self._progress = progress
+        progress.when_fit_ends(self._writer.wait)  # also when fit raises: the backup in flight is written
 
     def on_train_begin(self, logs: Any = None) -> None:
         """Locks ``backup_dir``, loads the newest readable backup into the model and its position into ``fit``.
@@ -336,6 +357,7 @@ class BackupAndRestore(keras.callbacks.Callback):
                 f"loop, but the model is a {type(self.model).__name__}. Fix: use custom_fit.CustomModel "
                 "(also as CustomModel(inputs, outputs)) or custom_fit.CustomSequential, or save_freq='epoch'."
             )
+        self._writer.wait()  # a backup an earlier fit (that raised) was writing
         if version.RESUMES_ONLY_CUSTOM_FIT_MODELS and not isinstance(self.model, _compat.TrainerHooks):
             raise TypeError(
                 "custom_fit.BackupAndRestore on Keras 2 resumes through custom_fit's fit loop, but the model is "
@@ -434,6 +456,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             version.set_initial_epoch(self.model, None)
         self._progress = None
         self._stop_watching()
+        self._writer.wait()
         if self._writes:
             if self.delete_checkpoint:
                 self._store.clear()
@@ -468,6 +491,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         """Unlocks ``backup_dir``, exits with :data:`PREEMPTION_EXIT_CODE` (``SystemExit``: ``finally``s run)."""
         received = "SIGTERM received" if self._notice is not None and self._notice.received else "a worker got SIGTERM"
         self._stop_watching()
+        self._writer.wait()
         if self._writes:
             self._store.release()
         print(
@@ -486,18 +510,30 @@ class BackupAndRestore(keras.callbacks.Callback):
         return self._progress.data if self._progress is not None else None
 
     def _write(self, random_state: RandomState, *, next_epoch: int | None = None) -> None:
-        """Writes a backup: the model, where the running ``fit`` is, ``random_state``.
+        """Takes a backup: the model, where the running ``fit`` is, ``random_state``.
+
+        On the training thread, only what must not change while it is
+        written: the weights (:func:`version.snapshot_weights`: copied to host
+        memory), the metric values and the position. The files are written,
+        checked and renamed into place by :class:`BackgroundWriter` (at once
+        with ``write_in_background=False``), after the backup before is
+        complete.
 
         Args:
             random_state: The global random state a resumed run restores.
             next_epoch: At an epoch's end, the next epoch: where a ``fit``
                 custom_fit does not run (no progress) resumes.
         """
+        self._writer.wait()  # the backup before is complete: its number is taken, its removals done
         if self._progress is not None:
             state = self._progress.state_dict()
         else:  # Keras' own loop (a plain keras.Model on Keras 3): backups at epochs' ends only
             assert next_epoch is not None
             state = dataclasses.asdict(Position(next_epoch, 0))
+        # Another worker of a cluster does not write, but reads the same values (reading a variable of a
+        # cluster may take part in a collective the writer waits for) into a directory it then removes.
+        pending = self._store.begin() if self._writes else PendingBackup(Path(tempfile.mkdtemp()), -1)
+        write_weights = version.snapshot_weights(self.model, str(pending.directory / version.BACKUP_WEIGHTS_FILE))
         backup = Backup(
             **state,
             random_state=random_state,
@@ -508,17 +544,17 @@ class BackupAndRestore(keras.callbacks.Callback):
             else [],
         )
 
-        def fill(directory: Path) -> None:
-            self.model.save_weights(str(directory / version.BACKUP_WEIGHTS_FILE))
-            backup.write(directory)
+        def finish() -> None:
+            write_weights()
+            backup.write(pending.directory)
+            if self._writes:
+                self._store.commit(pending)
+            else:
+                shutil.rmtree(pending.directory, ignore_errors=True)
 
-        if self._writes:
-            self._store.write(fill)
-            return
-        # Another worker of the cluster writes. This one reads the same values (reading a variable
-        # of a cluster may take part in a collective the writer waits for) and keeps nothing.
-        with tempfile.TemporaryDirectory() as scratch:
-            fill(Path(scratch))
+        self._writer.submit(
+            finish, f"the backup of epoch {backup.epoch + 1}, step {backup.step} (into {pending.directory})"
+        )
 
     def _load(self, directory: Path) -> Backup:
         backup = Backup.read(directory)  # first: a damaged backup must not touch the model

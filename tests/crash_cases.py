@@ -1,6 +1,6 @@
 """A training script that the kill harness (tests/test_backup_and_restore.py) runs, kills and restarts.
 
-    python -m tests.crash_cases SCENARIO BACKUP_DIR RESULT.npz [--save-freq N] [--validate-every N]
+    python -m tests.crash_cases SCENARIO BACKUP_DIR RESULT.npz [--save-freq N] [--validate-every N] [--no-background]
 
 Each scenario is a user's script: seed everything, build the model and the
 data, ``fit`` with :class:`custom_fit.BackupAndRestore`. Run again after a
@@ -11,8 +11,9 @@ as JSON, the validation runs the ``History`` holds (``runs``) and each
 epoch's logs as a callback that monitors nothing sees them (``epoch_logs``).
 
 It prints, flushed, the lines the harness waits for: ``TRAINING`` when
-``fit`` begins, ``STEP`` after each step, ``WRITING`` when a backup write
-starts (the write then pauses 50 ms before its rename), ``RESTORING`` when a
+``fit`` begins, ``STEP`` after each step, ``WRITING`` when a backup is taken
+(its files, written in the background while training goes on, then pause
+50 ms before their rename), ``RESTORING`` when a
 backup is loaded (50 ms pause after loading, still inside ``on_train_begin``)
 and ``DELETING`` when the final deletion deletes the last backup's files (half
 of them, then a 50 ms pause), so that kills land inside each.
@@ -36,7 +37,7 @@ import tensorflow as tf
 
 import custom_fit
 from custom_fit import keras
-from custom_fit._backup_store import BackupStore, Restored
+from custom_fit._backup_store import BackupStore, PendingBackup, Restored
 
 T = TypeVar("T")
 
@@ -56,13 +57,14 @@ class HarnessStore(BackupStore):
         super().__init__(directory)
         self.clearing: str | None = None  # in the final deletion: the newest backup's name, which it removes last
 
-    def write(self, fill: Callable[[Path], object]) -> Path:
-        def slow_fill(directory: Path) -> None:
-            print("WRITING", flush=True)
-            fill(directory)
-            time.sleep(PAUSE)  # complete files, not yet renamed into place
+    def begin(self) -> PendingBackup:
+        pending = super().begin()
+        print("WRITING", flush=True)  # on the training thread; the files are written in the background
+        return pending
 
-        return super().write(slow_fill)
+    def commit(self, pending: PendingBackup) -> Path:
+        time.sleep(PAUSE)  # complete files, not yet renamed into place (training goes on meanwhile)
+        return super().commit(pending)
 
     def load_latest(self, load: Callable[[Path], T], **kwargs: Any) -> Restored[T] | None:
         def slow_load(directory: Path) -> T:
@@ -350,6 +352,11 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--ports", help="the cluster's ports on 127.0.0.1, comma-separated")
     parser.add_argument("--validate-every", type=int, help="validation_freq=custom_fit.Steps(N) on 40 samples")
     parser.add_argument(
+        "--no-background",
+        action="store_true",
+        help="BackupAndRestore(write_in_background=False): each backup on disk before training goes on",
+    )
+    parser.add_argument(
         "--own-dirs",
         action="store_true",
         help="each worker its own copy of the backups, BACKUP_DIR-w<index> (storage each sees on its own)",
@@ -384,7 +391,12 @@ def main(argv: list[str]) -> None:
         epochs=EPOCHS,
         verbose=0,
         callbacks=[
-            custom_fit.BackupAndRestore(args.backup_dir, save_freq=save_freq, store=HarnessStore(args.backup_dir)),
+            custom_fit.BackupAndRestore(
+                args.backup_dir,
+                save_freq=save_freq,
+                store=HarnessStore(args.backup_dir),
+                write_in_background=not args.no_background,
+            ),
             Pace(),
             keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: epoch_logs.append([epoch, dict(logs)])),
         ],

@@ -148,11 +148,13 @@ def test_a_backup_of_other_metrics_is_refused(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------
 
 
-def _fit(build: Any, inputs: Any, backup_dir: Path, save_freq: Any, interrupt_at: int | None = None) -> Any:
+def _fit(
+    build: Any, inputs: Any, backup_dir: Path, save_freq: Any, interrupt_at: int | None = None, **backup: Any
+) -> Any:
     """A fresh seeded model fitted like the crash cases, maybe interrupted; ``(model, history)``."""
     keras.utils.set_random_seed(1)
     model = build()
-    callbacks: list[Any] = [custom_fit.BackupAndRestore(backup_dir, save_freq=save_freq)]
+    callbacks: list[Any] = [custom_fit.BackupAndRestore(backup_dir, save_freq=save_freq, **backup)]
     if interrupt_at is not None:
         callbacks.append(_Interrupt(interrupt_at))
     try:
@@ -226,6 +228,81 @@ def test_resumed_fit_equals_an_uninterrupted_one(
         assert _fit(build, inputs, tmp_path / "run", save_freq, interrupt_at=steps)[1] is None
     _assert_same_training(expected, _fit(build, inputs, tmp_path / "run", save_freq))
     assert not (tmp_path / "run").exists()  # delete_checkpoint
+
+
+# --------------------------------------------------------------------------
+# Written in the background: training waits only for the copy
+# --------------------------------------------------------------------------
+
+
+class _SlowCommit(BackupStore):
+    """Commits a backup only once training has run ``steps`` steps past it (or after 30 s: then it says so)."""
+
+    def __init__(self, directory: Path, steps: int):
+        super().__init__(directory)
+        self.steps, self.seen = steps, 0
+        self.trained_on: list[bool] = []
+        self.moved_on = threading.Event()
+
+    def commit(self, pending: Any) -> Path:
+        self.trained_on.append(self.moved_on.wait(30))
+        self.moved_on.clear()
+        return super().commit(pending)
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        self.seen += 1
+        if self.seen % 5 == self.steps:
+            self.moved_on.set()
+
+
+def test_training_goes_on_while_a_backup_is_written_and_the_result_is_the_same(tmp_path: Path) -> None:
+    """Each backup (every 5 steps) is committed only after training ran 2 more steps, and resuming from them is
+    exact: the same as an uninterrupted run, and as backups written before training goes on."""
+    expected = _fit(_resumable_model, crash_cases.INPUTS["arrays"], tmp_path / "uninterrupted", 5)
+    store = _SlowCommit(tmp_path / "background", steps=2)
+    keras.utils.set_random_seed(1)
+    model = _resumable_model()
+    callbacks = [
+        custom_fit.BackupAndRestore(store.directory, 5, store=store, delete_checkpoint=False),
+        keras.callbacks.LambdaCallback(on_train_batch_end=store.on_train_batch_end),
+        _Interrupt(13),
+    ]
+    with pytest.raises(KeyboardInterrupt):
+        model.fit(**crash_cases.INPUTS["arrays"](), epochs=3, verbose=0, callbacks=callbacks)
+    assert store.trained_on == [True, True]  # backups after steps 5 and 10, each committed 2 steps later
+    assert sorted(p.name for p in store.directory.iterdir() if p.name.startswith("backup-")) == ["backup-0", "backup-1"]
+    _assert_same_training(expected, _fit(_resumable_model, crash_cases.INPUTS["arrays"], store.directory, 5))
+    waits = tmp_path / "waits"
+    assert _fit(_resumable_model, crash_cases.INPUTS["arrays"], waits, 5, 13, write_in_background=False)[1] is None
+    _assert_same_training(expected, _fit(_resumable_model, crash_cases.INPUTS["arrays"], waits, 5))
+
+
+class _FullDisk(BackupStore):
+    def commit(self, pending: Any) -> Path:
+        raise OSError(28, "No space left on device")
+
+
+@pytest.mark.parametrize("in_background", [True, False])
+def test_a_failed_backup_write_stops_fit_with_its_own_error_naming_the_backup(
+    tmp_path: Path, in_background: bool
+) -> None:
+    """In the background, the error is raised at the next backup (step 10); otherwise at its own (step 5)."""
+    backup = custom_fit.BackupAndRestore(
+        tmp_path, save_freq=5, store=_FullDisk(tmp_path), write_in_background=in_background
+    )
+    seen: list[int] = []
+    with pytest.raises(OSError, match="No space left on device") as caught:
+        _resumable_model().fit(
+            *crash_cases.arrays(), batch_size=crash_cases.BATCH, epochs=1, verbose=0,
+            callbacks=[backup, keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: seen.append(b))],
+        )  # fmt: skip
+    assert len(seen) == (10 if in_background else 5)
+    if in_background:
+        (note,) = caught.value.__notes__
+        assert (
+            note.startswith("custom_fit.BackupAndRestore: raised while the backup of epoch 1, step 5 (into ")
+            and "was written in the background" in note
+        )
 
 
 # --------------------------------------------------------------------------
@@ -462,6 +539,8 @@ def run_with_kills(scenario: str, workdir: Path, seed: int, kills: tuple[str, ..
             return report
         assert returncode == -signal.SIGKILL, (workdir / "stderr.txt").read_text()[-3000:]
         assert kind is not None
+        if kind == "write":  # killed inside a write (in the background: training went on): not renamed in yet
+            assert list(backup_dir.glob(".writing-*")), sorted(p.name for p in backup_dir.iterdir())
         pending.remove(kind)
         report.kills[kind] = report.kills.get(kind, 0) + 1
 
@@ -527,8 +606,14 @@ def test_sigkill_between_epochs_resumes_a_keras_io_gan_under_mirrored_strategy(
 def _run_until_sigterm(
     workdir: Path, scenario: str, save_freq: str, after_steps: int, send: int = signal.SIGTERM
 ) -> tuple[int, str, float]:
-    """Runs ``scenario``, sends ``send`` after its ``after_steps``-th step; ``(status, stderr, seconds to exit)``."""
-    command, env = _scenario_command(workdir, scenario, "--save-freq", save_freq), _scenario_environment()
+    """Runs ``scenario``, sends ``send`` after its ``after_steps``-th step; ``(status, stderr, seconds to exit)``.
+
+    A ``SIGKILL`` goes to a run that writes each backup before training goes on: these tests check
+    the position after the newest backup, and a kill soon after a backup written in the background
+    can land while it is written (the run then resumes from the one before: ``run_with_kills``).
+    """
+    options = ("--no-background",) if send == signal.SIGKILL else ()
+    command, env = _scenario_command(workdir, scenario, "--save-freq", save_freq, *options), _scenario_environment()
     sent = None
     with (
         open(workdir / "stderr.txt", "w") as stderr,

@@ -180,8 +180,24 @@ class Progress:
         self._trained_in_epoch = 0
         self._loaded: Position | None = None
         self._resuming = False  # loaded, and the first epoch has not begun
+        self._at_end: list[Callable[[], None]] = []
+
+    def when_fit_ends(self, function: Callable[[], None]) -> None:
+        """Calls ``function`` when the ``fit`` that owns this progress returns or raises (after ``on_train_end``).
+
+        Callbacks have no hook that runs when ``fit`` raises; a callback with
+        work in flight (a backup written in the background) finishes it here.
+        """
+        self._at_end.append(function)
 
     # Told by the loop ----------------------------------------------------------------
+
+    def fit_ends(self) -> None:
+        """The ``fit`` that owns it returned or raised: no longer :attr:`running`; the :meth:`when_fit_ends` calls."""
+        self.running = False
+        functions, self._at_end = self._at_end, []
+        for function in functions:
+            function()
 
     def epoch_begins(self, epoch: int) -> None:
         """Epoch ``epoch`` begins (before ``on_epoch_begin``)."""

@@ -45,7 +45,7 @@ class StepFunctions(_compat.TrainerHooks):
             state_of(self).loop_calls.pop()
             call.close_validation()
             if call.progress is not None:
-                call.progress.running = False
+                call.progress.fit_ends()
                 call.progress.forget_data()  # it holds the data: not kept past fit, as in Keras
 
     def make_train_function(self, force: bool = False) -> Callable[..., Any]:

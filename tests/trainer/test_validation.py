@@ -300,7 +300,7 @@ def _scenario(workdir: Path, after_steps: int | None) -> tuple[int, int]:
     """
     command = [
         sys.executable, "-m", "tests.crash_cases", "dense_arrays", str(workdir / "backup"), str(workdir / "result.npz"),
-        "--save-freq", "5", "--validate-every", "7",
+        "--save-freq", "5", "--validate-every", "7", "--no-background",  # the kill finds the newest backup written
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0"}
     steps = 0
