@@ -70,7 +70,9 @@ contract" workloads (Keras 3; ``--only contract-...``) train the MLP and the GAN
 The "progress bar" workload (Keras 3; ``--only progbar``) trains the MLP with ``verbose=1`` (the bar
 written to ``os.devnull``), with Keras' ``ProgbarLogger`` handed the step's tensors (custom_fit's
 choice: it converts them when it redraws) and handed logs converted every step (as in Keras):
-what the copy ``k3-progbar`` gains. Results go to
+what the copy ``k3-progbar`` gains. The "backups" workload (``--only backup``) trains a 2.4M-parameter
+MLP with ``custom_fit.BackupAndRestore`` every 10 or 50 steps, its files written in the background or
+before training goes on, against no backups. Results go to
 ``OUT/results.json``, ``OUT/results.md`` and ``OUT/throughput.png``.
 """
 
@@ -594,13 +596,59 @@ def gradient_accumulation(n: int, micro_batch: int = 32, steps: int = 4) -> Work
     return Workload(ACCUMULATION, n, large, None, builders, gains)
 
 
+BACKUP = "backups (a 2.4M-parameter MLP, Adam; one backup every N steps)"
+
+
+def backups(n: int, batch: int = 32) -> Workload:
+    """What ``custom_fit.BackupAndRestore`` costs, written in the background or before training goes on.
+
+    The model of issue 54: a 2.4M-parameter MLP (512 -> 1536 -> 1024 -> 10)
+    with Adam, whose backup (weights and both Adam moments: 28 MB) takes tens
+    of milliseconds to write, about ten of its steps. Each run is one ``fit``
+    call over ``n`` examples with a backup every 10 or 50 steps (the ``fit``
+    call's end deletes them). The reference trains without backups.
+    """
+    import tempfile
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(n, 512)).astype("float32"), rng.integers(0, 10, n).astype("int32")
+
+    def builder(save_freq: int | None, in_background: bool = True) -> Builder:
+        def make() -> Run:
+            keras.utils.set_random_seed(0)
+            model = custom_fit.CustomSequential(
+                [keras.Input((512,)), keras.layers.Dense(1536, activation="relu"),
+                 keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(10)]
+            )  # fmt: skip
+            model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            callbacks = []
+            if save_freq is not None:
+                # Its own directory, which the callback removes when fit ends (the backups deleted).
+                where = tempfile.mkdtemp(prefix="custom_fit-bench-backups-")
+                callbacks = [custom_fit.BackupAndRestore(where, save_freq, write_in_background=in_background)]
+            return lambda: model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False, callbacks=callbacks)
+
+        return make
+
+    none = "CustomModel.fit, no backups"
+    builders = {none: builder(None)}
+    gains = []
+    for every in (10, 50):
+        background = f"BackupAndRestore(save_freq={every}), written in the background"
+        waits = f"BackupAndRestore(save_freq={every}, write_in_background=False)"
+        builders.update({background: builder(every), waits: builder(every, in_background=False)})
+        gains.append((f"background writes, every {every} steps", background, waits))
+    return Workload(BACKUP, n, none, None, builders, gains)
+
+
 def sizes(quick: bool) -> dict[str, int]:
     """Training examples per run (N) for each workload."""
     if quick:
-        return dict(cnn=64, mlp=256, gan=256)
+        return dict(cnn=64, mlp=256, gan=256, backup=320)
     # 0.3-0.8 s per run with one thread on a 2-core AMD EPYC (a fit call's own cost, about 0.1 s,
     # included): 32 steps of the CNN, 128 of the MLP and of the GAN; whole batches only.
-    return dict(cnn=1024, mlp=4096, gan=8192)
+    # The backup workload: 100 steps, 10 or 2 backups per run.
+    return dict(cnn=1024, mlp=4096, gan=8192, backup=3200)
 
 
 @contextlib.contextmanager
@@ -665,6 +713,7 @@ def workloads(quick: bool) -> dict[str, Callable[[], Workload]]:
         "cnn-epochs": lambda: classification("cnn", s["cnn"], title=CNN_EPOCHS, epochs=4),
         "mlp": lambda: classification("mlp", s["mlp"]),
         "validation": lambda: validation_every_n_steps(s["mlp"]),
+        "backup": lambda: backups(s["backup"]),
     }
     if not KERAS_2:
         result["gan"] = lambda: gan(s["gan"])

@@ -34,6 +34,7 @@ CLASSIFICATION = {"keras.Model.fit", "CustomModel.fit", f"CustomModel.fit, {AUTO
 QUICK_MLP = bench.sizes(quick=True)["mlp"]
 VALIDATION = set(bench.validation_every_n_steps(QUICK_MLP).builders)  # names only: nothing is built
 ACCUMULATION = set(bench.gradient_accumulation(QUICK_MLP).builders)
+BACKUP = set(bench.backups(bench.sizes(quick=True)["backup"]).builders)
 EXPECTED = (
     {
         AA: {"keras.Model.fit (A)", "keras.Model.fit (B)"},
@@ -42,6 +43,7 @@ EXPECTED = (
         CNN_EPOCHS: CLASSIFICATION,
         MLP: CLASSIFICATION,
         bench.VALIDATION: VALIDATION,
+        bench.BACKUP: BACKUP,
     }
     if bench.KERAS_2
     else {
@@ -54,6 +56,7 @@ EXPECTED = (
         bench.VALIDATION: VALIDATION,
         bench.PROGBAR: {"keras.Model.fit, verbose=1", "CustomModel.fit, verbose=1", bench.PROGBAR_LAZY},
         bench.ACCUMULATION: ACCUMULATION,
+        bench.BACKUP: BACKUP,
         **CONTRACT,
     }
 )
@@ -88,7 +91,8 @@ def test_quick_benchmark_writes_consistent_results(tmp_path):
     for name, workload in saved["workloads"].items():
         assert name in table
         assert workload["rounds"] == 2 and workload["stopped_by"] in {"ci_target", "max_rounds"}
-        no_loop = bench.KERAS_2 or name in (AA, bench.PROGBAR, bench.VALIDATION, bench.ACCUMULATION) or name in CONTRACT
+        no_loop = bench.KERAS_2 or name in (AA, bench.PROGBAR, bench.VALIDATION, bench.ACCUMULATION, bench.BACKUP)
+        no_loop = no_loop or name in CONTRACT
         assert workload["loop"] is None if no_loop else workload["loop"] in workload["variants"]
         for variant_name, variant in workload["variants"].items():
             assert variant_name in table
@@ -114,6 +118,8 @@ def test_quick_benchmark_writes_consistent_results(tmp_path):
             if name == bench.VALIDATION
             else {"accumulation (vs one large batch)"}
             if name == bench.ACCUMULATION
+            else {"background writes, every 10 steps", "background writes, every 50 steps"}
+            if name == bench.BACKUP
             else {AUTO}
             if bench.KERAS_2 or name == GAN
             else {AUTO, "lazy callbacks"}
