@@ -89,6 +89,7 @@ import platform
 import random
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -608,8 +609,6 @@ def backups(n: int, batch: int = 32) -> Workload:
     call over ``n`` examples with a backup every 10 or 50 steps (the ``fit``
     call's end deletes them). The reference trains without backups.
     """
-    import tempfile
-
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(n, 512)).astype("float32"), rng.integers(0, 10, n).astype("int32")
 
