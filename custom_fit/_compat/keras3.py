@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import keras
 import numpy as np
 import tensorflow as tf
+from keras.src.backend.common import global_state as _global_state
 from keras.src.backend.tensorflow import trainer as _tf_trainer
 from keras.src.losses import loss as _loss_module
 from keras.src.models import functional as _functional
@@ -648,10 +649,17 @@ class _CopiedWeights(_saving_lib.H5IOStore):
 
 
 class _Copying(dict[str, np.ndarray]):
-    """One entry of :class:`_CopiedWeights`: each value set is copied to a NumPy array at once."""
+    """One entry of :class:`_CopiedWeights`: each value set is copied to a NumPy array at once, once.
+
+    A variable is read as a tensor (no copy: TensorFlow copies a variable's
+    buffer on its next update while a read of it is alive) and copied by
+    ``np.array``; ``keras.ops.convert_to_numpy`` of a variable copies twice.
+    """
 
     def __setitem__(self, key: str, value: Any) -> None:
-        super().__setitem__(key, np.array(keras.ops.convert_to_numpy(value), copy=True))
+        if isinstance(value, keras.Variable):
+            value = tf.convert_to_tensor(value)
+        super().__setitem__(key, np.array(value))  # a copy (copy=True is the default)
 
 
 def snapshot_weights(model: keras.Model, path: str) -> Callable[[], None]:
@@ -662,7 +670,31 @@ def snapshot_weights(model: keras.Model, path: str) -> Callable[[], None]:
     """
     copied = _CopiedWeights()
     _saving_lib._save_state(model, weights_store=copied, assets_store=None, inner_path="", visited_saveables=set())
+    _remember_saving_skipsets()
     return functools.partial(copied.write, path)
+
+
+#: The kinds of object Keras' ``get_attr_skipset`` computes a skip set for (Keras 3.8-3.16).
+_SKIPSET_KINDS = ("Operation", "Layer", "Functional", "Sequential", "Metric", "Optimizer", "Loss", "Cross", "Feature")
+
+
+def _remember_saving_skipsets() -> None:
+    """Makes Keras' walk of a model reuse the attribute skip sets it computed, as it means to.
+
+    Keras' ``get_attr_skipset`` caches each skip set under
+    ``saving_attr_skipset_<kind>`` but looks it up under
+    ``saving_attr_skiplist_<kind>`` (every Keras 3 release to 3.16), so every
+    ``save_weights`` builds a throwaway ``Layer``, ``Optimizer``, ``Metric``
+    and ``CompileMetrics`` again: about 5 ms of the 15 ms a backup of a
+    2.4M-parameter model takes on the training thread
+    (``benchmarks/results/results_backup.md``). The sets Keras computed are
+    stored under the name it reads; where Keras reads its own cache (the
+    bug fixed), there is nothing to do.
+    """
+    for kind in _SKIPSET_KINDS:
+        computed = _global_state.get_global_attribute(f"saving_attr_skipset_{kind}")
+        if computed is not None and _global_state.get_global_attribute(f"saving_attr_skiplist_{kind}") is None:
+            _global_state.set_global_attribute(f"saving_attr_skiplist_{kind}", computed)
 
 
 def set_initial_epoch(model: keras.Model, epoch: int | None) -> None:

@@ -68,6 +68,24 @@ def test_variable_names_are_the_variables_paths():
     assert keras3.variable_names(model, model.trainable_variables) == [v.path for v in model.trainable_variables]
 
 
+def test_after_a_snapshot_keras_saving_reuses_the_skip_sets_it_computed(tmp_path):
+    """k3-saving-skipsets: Keras caches ``get_attr_skipset`` under one name and reads another, so each
+    ``save_weights`` builds a Layer, an Optimizer and Metrics to compute them again; after a backup's
+    snapshot the lookups hit (the same set back, nothing built)."""
+    from keras.src.saving import saving_lib
+
+    from custom_fit._compat import keras3
+
+    model = small_model()
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(np.zeros((4, 3)), np.zeros((4, 1)), verbose=0)
+    keras3.snapshot_weights(model, str(tmp_path / "model.weights.h5"))()
+    for kind in ("Functional", "Layer", "Optimizer", "Metric"):
+        assert saving_lib.get_attr_skipset(kind) is saving_lib.get_attr_skipset(kind), kind
+    model.save_weights(tmp_path / "saved.weights.h5")  # Keras' own save, with the reused sets: the same file
+    assert (tmp_path / "saved.weights.h5").read_bytes() == (tmp_path / "model.weights.h5").read_bytes()
+
+
 def test_a_private_keras_attribute_gone_is_an_attribute_error():
     """docs/keras_internals.md: a private name custom_fit reads, renamed by Keras, fails loudly instead of drifting."""
     model = small_model()
