@@ -37,6 +37,7 @@ import shutil
 import sys
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -323,6 +324,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._store = store
         self.write_in_background = write_in_background
         self._writer = BackgroundWriter(write_in_background)
+        self._weights_written: Callable[[], None] | None = None  # the last backup's (version.snapshot_weights)
         self._resume: Backup | None = None
         self._progress: Progress | None = None  # the running fit's (set_progress), if it is custom_fit's
         self._epoch = 0
@@ -457,6 +459,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._progress = None
         self._stop_watching()
         self._writer.wait()
+        self._weights_written = None  # its host copy of the weights goes with it
         if self._writes:
             if self.delete_checkpoint:
                 self._store.clear()
@@ -533,7 +536,10 @@ class BackupAndRestore(keras.callbacks.Callback):
         # Another worker of a cluster does not write, but reads the same values (reading a variable of a
         # cluster may take part in a collective the writer waits for) into a directory it then removes.
         pending = self._store.begin() if self._writes else PendingBackup(Path(tempfile.mkdtemp()), -1)
-        write_weights = version.snapshot_weights(self.model, str(pending.directory / version.BACKUP_WEIGHTS_FILE))
+        write_weights = version.snapshot_weights(
+            self.model, str(pending.directory / version.BACKUP_WEIGHTS_FILE), reuse=self._weights_written
+        )
+        self._weights_written = write_weights  # the next backup's copy reuses its host memory once it is written
         backup = Backup(
             **state,
             random_state=random_state,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -1013,3 +1014,26 @@ def test_a_snapshot_of_the_weights_is_written_later_with_its_steps_values(tmp_pa
     model.load_weights(str(path))
     for want, have in zip(taken, crash_cases.variables_of(model), strict=True):
         np.testing.assert_array_equal(have, want)
+
+
+def test_a_snapshot_that_reuses_an_earlier_ones_memory_keeps_each_steps_values(tmp_path: Path) -> None:
+    """``snapshot_weights(..., reuse=earlier)`` (the next backup of a ``BackupAndRestore``) copies into the earlier
+    snapshot's host memory only once its file is written: an earlier snapshot not written yet keeps its values."""
+    version = _compat.version
+    model = crash_cases.dropout_model(dropout=not custom_fit.KERAS_2)
+    x, y = crash_cases.arrays()
+    taken: list[list[np.ndarray]] = []
+    writes: list[Callable[[], None]] = []
+    for step in range(3):
+        model.fit(x, y, epochs=1, verbose=0)
+        earlier = writes[-1] if writes else None
+        writes.append(version.snapshot_weights(model, str(tmp_path / f"{step}.weights.h5"), reuse=earlier))
+        taken.append(crash_cases.variables_of(model))
+        if step == 0:
+            writes[0]()  # written: the next snapshot may reuse its memory; the second is not written before the third
+    for step in (1, 2):
+        writes[step]()
+    for step in range(3):
+        model.load_weights(str(tmp_path / f"{step}.weights.h5"))
+        for want, have in zip(taken[step], crash_cases.variables_of(model), strict=True):
+            np.testing.assert_array_equal(have, want)

@@ -110,8 +110,14 @@ class KerasVersion(Protocol):
     def set_initial_epoch(self, model: KerasObject, epoch: int | None) -> None:
         """Makes ``fit`` start at ``epoch`` (``None``: at its ``initial_epoch``)."""
 
-    def snapshot_weights(self, model: KerasObject, path: str) -> Callable[[], None]:
-        """Copies what ``model.save_weights(path)`` writes off the device; the function returned writes the file."""
+    def snapshot_weights(
+        self, model: KerasObject, path: str, reuse: Callable[[], None] | None = None
+    ) -> Callable[[], None]:
+        """Copies what ``model.save_weights(path)`` writes off the device; the function returned writes the file.
+
+        ``reuse``: what an earlier call for ``model`` returned, which may lend
+        its host memory to this copy once it has written its file.
+        """
 
     def call_symbolically(self, layer: KerasObject, input_shape: Any) -> None:
         """Runs ``layer`` on a symbolic input of ``input_shape``, building what its ``call`` builds; no trace left."""

@@ -633,7 +633,7 @@ def is_functional_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
 BACKUP_WEIGHTS_FILE = "weights"
 
 
-def snapshot_weights(model: keras.Model, path: str) -> Callable[[], None]:
+def snapshot_weights(model: keras.Model, path: str, reuse: Callable[[], None] | None = None) -> Callable[[], None]:
     """Copies what ``model.save_weights(path)`` writes to host memory; the function returned waits for the file.
 
     TensorFlow's asynchronous checkpoint does it: ``save_weights`` returns
@@ -641,7 +641,8 @@ def snapshot_weights(model: keras.Model, path: str) -> Callable[[], None]:
     own thread writes the files; the function returned waits for them (the
     model's checkpoint's ``sync``), and may run in another thread while
     training goes on. (On Keras 3 the same option fails: TensorFlow copies a
-    Keras 3 variable by creating one inside a ``tf.function``.)
+    Keras 3 variable by creating one inside a ``tf.function``.) ``reuse`` is
+    not needed: the checkpoint keeps its CPU copies from one save to the next.
     """
     model.save_weights(path, options=tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True))
     return model._checkpoint.sync

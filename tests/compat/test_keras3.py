@@ -86,6 +86,22 @@ def test_after_a_snapshot_keras_saving_reuses_the_skip_sets_it_computed(tmp_path
     assert (tmp_path / "saved.weights.h5").read_bytes() == (tmp_path / "model.weights.h5").read_bytes()
 
 
+def test_a_snapshot_copies_into_the_memory_of_the_one_before_once_that_one_is_written(tmp_path):
+    from custom_fit._compat import keras3
+
+    model = small_model()
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(np.zeros((4, 3)), np.zeros((4, 1)), verbose=0)
+    first = keras3.snapshot_weights(model, str(tmp_path / "first.weights.h5"))
+    unwritten = keras3.snapshot_weights(model, str(tmp_path / "second.weights.h5"), reuse=first)
+    assert isinstance(first, keras3._WeightsFile) and isinstance(unwritten, keras3._WeightsFile)
+    assert not any(np.shares_memory(a, b) for a in first.copied.arrays for b in unwritten.copied.arrays)
+    first()
+    third = keras3.snapshot_weights(model, str(tmp_path / "third.weights.h5"), reuse=first)
+    assert isinstance(first, keras3._WeightsFile) and isinstance(third, keras3._WeightsFile)
+    assert all(a is b for a, b in zip(first.copied.arrays, third.copied.arrays, strict=True))
+
+
 def test_a_private_keras_attribute_gone_is_an_attribute_error():
     """docs/keras_internals.md: a private name custom_fit reads, renamed by Keras, fails loudly instead of drifting."""
     model = small_model()
