@@ -598,6 +598,45 @@ def gradient_accumulation(n: int, micro_batch: int = 32, steps: int = 4) -> Work
 
 
 BACKUP = "backups (a 2.4M-parameter MLP, Adam; one backup every N steps)"
+WRITES_ONLY = "a thread writes 28 MB every 10 steps (the floor: no backup taken, nothing copied)"
+
+
+class _WritesOnly(keras.callbacks.Callback):
+    """The file work of a backup every ``every`` steps, in ``BackupAndRestore``'s writer thread, nothing copied.
+
+    What a backup written in the background costs training on this machine
+    however little the training thread does: arrays of the backup's size
+    (the weights three times: Adam keeps two moments of each), written as
+    HDF5 through ``BackupStore.write`` (checksums, ``fsync``, the rename,
+    the old backup removed) by a ``BackgroundWriter``.
+    """
+
+    def __init__(self, directory: str, arrays: list[np.ndarray], every: int):
+        from custom_fit._background_write import BackgroundWriter  # what is measured is custom_fit's private part
+        from custom_fit._backup_store import BackupStore
+
+        super().__init__()
+        self.store, self.writer = BackupStore(directory), BackgroundWriter()
+        self.arrays, self.every, self.steps = arrays, every, 0
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        self.steps += 1
+        if self.steps % self.every == 0:
+            self.writer.submit(self._write, f"write {self.steps}")
+
+    def on_train_end(self, logs: Any = None) -> None:
+        self.writer.wait()
+        self.store.clear()
+
+    def _write(self) -> None:
+        self.store.write(self._fill)
+
+    def _fill(self, directory: Path) -> None:
+        import h5py  # Keras' dependency, which writes its weights files
+
+        with h5py.File(directory / "model.weights.h5", "w") as file:
+            for i, array in enumerate(self.arrays):
+                file.create_dataset(str(i), data=array)
 
 
 def backups(n: int, batch: int = 32) -> Workload:
@@ -607,12 +646,14 @@ def backups(n: int, batch: int = 32) -> Workload:
     with Adam, whose backup (weights and both Adam moments: 28 MB) takes tens
     of milliseconds to write, about ten of its steps. Each run is one ``fit``
     call over ``n`` examples with a backup every 10 or 50 steps (the ``fit``
-    call's end deletes them). The reference trains without backups.
+    call's end deletes them). The reference trains without backups. A last
+    variant writes files of the same size as often, in the same writer thread,
+    without taking any backup: the least a background write costs here.
     """
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(n, 512)).astype("float32"), rng.integers(0, 10, n).astype("int32")
 
-    def builder(save_freq: int | None, in_background: bool = True) -> Builder:
+    def builder(save_freq: int | None, in_background: bool = True, writes_only: bool = False) -> Builder:
         def make() -> Run:
             keras.utils.set_random_seed(0)
             model = custom_fit.CustomSequential(
@@ -620,11 +661,14 @@ def backups(n: int, batch: int = 32) -> Workload:
                  keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(10)]
             )  # fmt: skip
             model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-            callbacks = []
+            callbacks: list[keras.callbacks.Callback] = []
             if save_freq is not None:
                 # Its own directory, which the callback removes when fit ends (the backups deleted).
                 where = tempfile.mkdtemp(prefix="custom_fit-bench-backups-")
-                callbacks = [custom_fit.BackupAndRestore(where, save_freq, write_in_background=in_background)]
+                if writes_only:
+                    callbacks = [_WritesOnly(where, [weight.numpy() for weight in model.weights] * 3, save_freq)]
+                else:
+                    callbacks = [custom_fit.BackupAndRestore(where, save_freq, write_in_background=in_background)]
             return lambda: model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False, callbacks=callbacks)
 
         return make
@@ -637,6 +681,7 @@ def backups(n: int, batch: int = 32) -> Workload:
         waits = f"BackupAndRestore(save_freq={every}, write_in_background=False)"
         builders.update({background: builder(every), waits: builder(every, in_background=False)})
         gains.append((f"background writes, every {every} steps", background, waits))
+    builders[WRITES_ONLY] = builder(10, writes_only=True)
     return Workload(BACKUP, n, none, None, builders, gains)
 
 
