@@ -19,7 +19,7 @@ variable; the others find it built (an optimizer's ``built``, a layer's
 ``built``), as they would on one device, or receive the first replica's
 variable from ``MirroredStrategy``.
 
-:func:`explain_merge_call_errors` turns TensorFlow's error for a cross-replica
+:func:`explained_merge_call_error` turns TensorFlow's error for a cross-replica
 update inside control flow (``apply_gradients`` in a ``tf.cond``) into one
 that names the fix.
 """
@@ -34,7 +34,7 @@ import tensorflow as tf
 
 from custom_fit._compat.common import is_xla_function
 
-__all__ = ["explain_merge_call_errors", "variables_created_outside_replicas"]
+__all__ = ["explained_merge_call_error", "variables_created_outside_replicas"]
 
 
 @contextlib.contextmanager
@@ -74,8 +74,8 @@ def variables_created_outside_replicas() -> Iterator[None]:
 _MERGE_CALL_IN_CONTROL_FLOW = "`merge_call` called while defining a new graph or a tf.function"
 
 
-def explain_merge_call_errors(model: Any, function: Callable[..., Any]) -> Callable[..., Any]:
-    """``function``, re-raising TensorFlow's error for a cross-replica update inside control flow with the fix.
+def explained_merge_call_error(model: Any, error: Exception) -> RuntimeError | None:
+    """TensorFlow's error for a cross-replica update inside control flow, with the fix; ``None`` for another error.
 
     Under ``MirroredStrategy`` an optimizer sums the gradients of all replicas
     and updates the mirrored variables in a cross-replica ``merge_call``,
@@ -84,32 +84,33 @@ def explain_merge_call_errors(model: Any, function: Callable[..., Any]) -> Calla
     branch cannot wait for the other replicas). The gradient-accumulation
     step that calls ``apply_gradients`` inside ``tf.cond`` every N batches is
     the usual case; ``compile(gradient_accumulation_steps=N)`` works
-    (:func:`custom_fit._compat.common.in_one_merge_call`).
+    (:func:`custom_fit._compat.common.in_one_merge_call`). The train function
+    raises the returned error from ``error``
+    (:func:`custom_fit._compat.common.explained_step_error`).
+
+    Example:
+        >>> import types
+        >>> from custom_fit._distribution import explained_merge_call_error
+        >>> explained_merge_call_error(types.SimpleNamespace(), RuntimeError("another error")) is None
+        True
     """
-
-    def function_with_clear_merge_call_errors(*args: Any) -> Any:
-        try:
-            return function(*args)
-        except RuntimeError as error:
-            if _MERGE_CALL_IN_CONTROL_FLOW not in str(error):
-                raise
-            strategy = model.distribute_strategy
-            step = getattr(type(model), "train_step", None)
-            if isinstance(step, tf.types.experimental.PolymorphicFunction):
-                raise RuntimeError(_step_is_a_tf_function(model, step, strategy)) from error
-            raise RuntimeError(
-                f"The train_step of {type(model).__name__} '{model.name}' updates variables across replicas "
-                "(optimizer.apply_gradients) inside a tf.cond, a loop or a nested tf.function, for example to "
-                "apply accumulated gradients every N batches. Expected every optimizer update to run "
-                f"unconditionally in the step under {type(strategy).__name__}: the optimizer sums the "
-                f"{strategy.num_replicas_in_sync} replicas' gradients in a cross-replica merge_call, which "
-                "tf.distribute cannot run inside a branch. Fix: call apply_gradients on every step, outside "
-                "tf.cond. To accumulate gradients over N steps, pass compile(gradient_accumulation_steps=N) "
-                "(Keras 3 and Keras 2; CustomModel applies it across replicas: docs/scaling.md), or raise the "
-                "global batch size: the replicas' gradients are summed every step already."
-            ) from error
-
-    return function_with_clear_merge_call_errors
+    if not isinstance(error, RuntimeError) or _MERGE_CALL_IN_CONTROL_FLOW not in str(error):
+        return None
+    strategy = model.distribute_strategy
+    step = getattr(type(model), "train_step", None)
+    if isinstance(step, tf.types.experimental.PolymorphicFunction):
+        return RuntimeError(_step_is_a_tf_function(model, step, strategy))
+    return RuntimeError(
+        f"The train_step of {type(model).__name__} '{model.name}' updates variables across replicas "
+        "(optimizer.apply_gradients) inside a tf.cond, a loop or a nested tf.function, for example to "
+        "apply accumulated gradients every N batches. Expected every optimizer update to run "
+        f"unconditionally in the step under {type(strategy).__name__}: the optimizer sums the "
+        f"{strategy.num_replicas_in_sync} replicas' gradients in a cross-replica merge_call, which "
+        "tf.distribute cannot run inside a branch. Fix: call apply_gradients on every step, outside "
+        "tf.cond. To accumulate gradients over N steps, pass compile(gradient_accumulation_steps=N) "
+        "(Keras 3 and Keras 2; CustomModel applies it across replicas: docs/scaling.md), or raise the "
+        "global batch size: the replicas' gradients are summed every step already."
+    )
 
 
 def _step_is_a_tf_function(model: Any, step: Any, strategy: Any) -> str:

@@ -14,7 +14,7 @@ and callbacks see epoch means (``val_`` prefixed in validation), also under
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from custom_fit._compat import version
@@ -24,7 +24,7 @@ from custom_fit._value_trackers import LoggedValues
 
 __all__ = [
     "add_to_loss_tracker",
-    "flat_logs",
+    "flattened_logs",
     "log",
     "metrics_result",
     "trackers_of",
@@ -95,23 +95,22 @@ def metrics_result(model: Any) -> dict[str, Any]:
     return version.finish_metrics_result(results)
 
 
-def flat_logs(step: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """Wraps a step so nested dicts in its logs become flat ``{name: value}``.
+def flattened_logs(logs: Any) -> Any:
+    """``logs`` with nested dicts lifted into them: flat ``{name: value}``; logs that are not a dict as they are.
 
     Keras-2-style steps return ``{m.name: m.result() for m in self.metrics}``,
     in which Keras 3's ``compile_metrics`` entry is itself a dict.
+
+    Example:
+        >>> flattened_logs({"loss": 1.0, "compile_metrics": {"accuracy": 0.5}})
+        {'loss': 1.0, 'accuracy': 0.5}
     """
-
-    def step_with_flat_logs(data: Any) -> Any:
-        logs = step(data)
-        if not isinstance(logs, dict):
-            return logs
-        flat = {}
-        for name, value in logs.items():
-            if isinstance(value, dict):
-                flat.update(value)
-            else:
-                flat[name] = value
-        return flat
-
-    return step_with_flat_logs
+    if not isinstance(logs, dict):
+        return logs
+    flat = {}
+    for name, value in logs.items():
+        if isinstance(value, dict):
+            flat.update(value)
+        else:
+            flat[name] = value
+    return flat

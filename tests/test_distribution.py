@@ -6,12 +6,14 @@ under MirroredStrategy and MultiWorkerMirroredStrategy) run in subprocesses: tes
 
 from __future__ import annotations
 
+import functools
 import types
 
 import pytest
 import tensorflow as tf
 
 from custom_fit import _distribution as distribution
+from custom_fit._compat.common import with_errors_explained
 
 # What TensorFlow 2.21 raises for apply_gradients inside tf.cond under MirroredStrategy (abridged).
 TF_MERGE_CALL_ERROR = (
@@ -27,6 +29,11 @@ def fake_model():
     return types.SimpleNamespace(name="accumulating", distribute_strategy=tf.distribute.MirroredStrategy(["/cpu:0"]))
 
 
+def train_function(model, function):
+    """``function`` as the train function runs it: its errors explained by ``explained_merge_call_error``."""
+    return with_errors_explained(model, function, functools.partial(distribution.explained_merge_call_error, model))
+
+
 def raising(error):
     def function(iterator):
         raise error
@@ -36,7 +43,7 @@ def raising(error):
 
 def test_apply_gradients_in_a_cond_is_explained_with_the_fix():
     original = RuntimeError(TF_MERGE_CALL_ERROR)
-    function = distribution.explain_merge_call_errors(fake_model(), raising(original))
+    function = train_function(fake_model(), raising(original))
     with pytest.raises(RuntimeError) as raised:
         function(None)
     message = str(raised.value)
@@ -60,7 +67,7 @@ class DecoratedStep:
 
 def test_a_train_step_that_is_a_tf_function_is_named_with_how_to_keep_what_it_was_for():
     original = RuntimeError(TF_MERGE_CALL_ERROR)
-    function = distribution.explain_merge_call_errors(DecoratedStep(), raising(original))
+    function = train_function(DecoratedStep(), raising(original))
     with pytest.raises(RuntimeError) as raised:
         function(None)
     message = str(raised.value)
@@ -84,7 +91,7 @@ def test_a_train_step_compiled_with_xla_is_named_so():
         def train_step(self, data):
             return {}
 
-    function = distribution.explain_merge_call_errors(WithXla(), raising(RuntimeError(TF_MERGE_CALL_ERROR)))
+    function = train_function(WithXla(), raising(RuntimeError(TF_MERGE_CALL_ERROR)))
     with pytest.raises(
         RuntimeError, match=r"is a tf.function \(compiled with XLA: @tf.function\(jit_compile=True\)\)"
     ) as raised:
@@ -95,14 +102,14 @@ def test_a_train_step_compiled_with_xla_is_named_so():
 
 def test_other_errors_pass_unchanged():
     original = RuntimeError("something else")
-    function = distribution.explain_merge_call_errors(fake_model(), raising(original))
+    function = train_function(fake_model(), raising(original))
     with pytest.raises(RuntimeError) as raised:
         function(None)
     assert raised.value is original
 
 
 def test_the_function_result_passes_through():
-    function = distribution.explain_merge_call_errors(fake_model(), lambda iterator: {"loss": 1.0})
+    function = train_function(fake_model(), lambda iterator: {"loss": 1.0})
     assert function(None) == {"loss": 1.0}
 
 

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import custom_fit
 from custom_fit import keras
-from custom_fit._logged_values import flat_logs, trackers_of
+from custom_fit._logged_values import flattened_logs, trackers_of
 from tests import parity
 
 DATA = parity.classification_data()
@@ -58,10 +58,10 @@ def test_log_values_refuses_a_name_the_model_does_not_declare():
         model.log_values(4, kl_loss=1.0)
 
 
-def test_flat_logs_lifts_nested_dicts_into_the_logs():
-    step = flat_logs(lambda data: {"loss": 1.0, "compile_metrics": {"accuracy": 0.5, "mae": 2.0}})
-    assert step(None) == {"loss": 1.0, "accuracy": 0.5, "mae": 2.0}
-    assert flat_logs(lambda data: [1.0])(None) == [1.0]  # not a dict: as it is
+def test_flattened_logs_lifts_nested_dicts_into_the_logs():
+    logs = {"loss": 1.0, "compile_metrics": {"accuracy": 0.5, "mae": 2.0}}
+    assert flattened_logs(logs) == {"loss": 1.0, "accuracy": 0.5, "mae": 2.0}
+    assert flattened_logs([1.0]) == [1.0]  # not a dict: as it is
 
 
 @pytest.mark.keras3

@@ -21,12 +21,14 @@ T = TypeVar("T")
 __all__ = [
     "FIT_VALIDATION_KWARGS",
     "CountingCall",
+    "ErrorExplainer",
     "UntrackedVariable",
     "batch_size_of",
     "cluster_key_get",
     "cluster_key_insert",
     "dataset_without_autotuning",
-    "explain_xla_errors",
+    "explained_step_error",
+    "explained_xla_error",
     "find_untracked_variables",
     "in_one_merge_call",
     "is_scalar",
@@ -46,6 +48,7 @@ __all__ = [
     "unbuilt_sub_layers",
     "validates_after",
     "variable_names_without_model",
+    "with_errors_explained",
 ]
 
 # --------------------------------------------------------------------------
@@ -259,28 +262,55 @@ def report_execution(tuner: Any, steps: int, logs: Any, source: Any) -> None:
     tuner.executed(steps, sync=lambda: [np.asarray(v) for v in tf.nest.flatten(logs)[:1]], source=source)
 
 
-def explain_xla_errors(model: Any, function: Callable[..., Any]) -> Callable[..., Any]:
-    """Re-raises TensorFlow's "unsupported operations ... XLA" error as one that names the fix."""
+#: What a step function asks of an error it raised: the error to raise instead, or ``None``.
+ErrorExplainer = Callable[[Exception], "Exception | None"]
 
-    def function_with_clear_xla_errors(*args: Any) -> Any:
+
+def explained_xla_error(model: Any, error: Exception) -> XlaCompileError | None:
+    """TensorFlow's "unsupported operations ... XLA" error as one that names the fix; ``None`` for another error."""
+    if not isinstance(error, tf.errors.InvalidArgumentError):
+        return None
+    found = _XLA_UNSUPPORTED.search(str(error))
+    if found is None or not model.jit_compile:
+        return None
+    device, ops = found.groups()
+    return XlaCompileError(
+        f"XLA cannot compile the step of model '{model.name}': op {ops} has no "
+        f"XLA kernel on {device}. Expected every op in train/test/predict_step "
+        "to be XLA-compilable because the model was compiled with "
+        f"jit_compile=True; received a step that uses {ops}. Fix: "
+        "`model.compile(..., jit_compile=False)`, or replace that op with an "
+        f"XLA-compatible one. (TensorFlow: {str(error.message).strip().splitlines()[0]})",
+        error,
+    )
+
+
+def explained_step_error(model: Any, error: Exception, explain: ErrorExplainer | None = None) -> Exception | None:
+    """The error a step function raises instead of ``error``: XLA's explained, else ``explain``'s; ``None``: ``error``.
+
+    The step functions catch their errors themselves and raise the returned one
+    from the original, instead of being wrapped in a function per explanation:
+    each wrapper was one more frame between ``fit`` and ``train_step`` in a
+    debugger or a traceback (issue 50).
+    """
+    return explained_xla_error(model, error) or (explain(error) if explain is not None else None)
+
+
+def with_errors_explained(
+    model: Any, function: Callable[[Any], Any], explain: ErrorExplainer | None = None
+) -> Callable[[Any], Any]:
+    """``function``, raising :func:`explained_step_error`'s error in place of the one it explains."""
+
+    def function_with_errors_explained(iterator: Any) -> Any:
         try:
-            return function(*args)
-        except tf.errors.InvalidArgumentError as error:
-            found = _XLA_UNSUPPORTED.search(str(error))
-            if not (model.jit_compile and found):
+            return function(iterator)
+        except Exception as error:
+            explained = explained_step_error(model, error, explain)
+            if explained is None:
                 raise
-            device, ops = found.groups()
-            raise XlaCompileError(
-                f"XLA cannot compile the step of model '{model.name}': op {ops} has no "
-                f"XLA kernel on {device}. Expected every op in train/test/predict_step "
-                "to be XLA-compilable because the model was compiled with "
-                f"jit_compile=True; received a step that uses {ops}. Fix: "
-                "`model.compile(..., jit_compile=False)`, or replace that op with an "
-                f"XLA-compatible one. (TensorFlow: {str(error.message).strip().splitlines()[0]})",
-                error,
-            ) from error
+            raise explained from error
 
-    return function_with_clear_xla_errors
+    return function_with_errors_explained
 
 
 class XlaCompileError(ValueError, tf.errors.InvalidArgumentError):
@@ -392,7 +422,7 @@ def in_one_merge_call(
     strategy. A Keras optimizer called in a replica reaches the other
     replicas through a ``merge_call`` in each branch, and ``tf.distribute``
     cannot wait for the other replicas inside a branch (the error
-    ``explain_merge_call_errors`` rewrites). Here the step makes one
+    ``custom_fit._distribution.explained_merge_call_error`` rewrites). Here the step makes one
     ``merge_call``, unconditionally, and ``update`` runs in its cross-replica
     context: the optimizer's branches update each device's copy of the
     variables (``strategy.extended.update``), which needs no replica to wait.

@@ -141,14 +141,25 @@ class KerasVersion(Protocol):
         """Undoes :meth:`scale_loss_for_distribution`."""
 
     def make_step_function(
-        self, model: KerasObject, step: Callable[[Any], Any], *, training: bool, tuner: Any = None
+        self,
+        model: KerasObject,
+        step: Callable[[Any], Any],
+        *,
+        training: bool,
+        tuner: Any = None,
+        explain: Callable[[Exception], Exception | None] | None = None,
     ) -> Callable[[Any], Any]:
         """The function ``fit`` (``training=True``) or ``evaluate`` calls on an iterator.
 
         ``tuner`` (``steps_per_execution="auto"``): the number of steps may
         change between executions, so Keras 2's function reads it at each
         call (Keras 3's takes it with each execution). The loop asks and
-        tells the tuner itself, on both Kerases.
+        tells the tuner itself, on both Kerases. The function takes an
+        execution of the loop's epoch iterator (``fit``, ``evaluate``) or a
+        data iterator (``train_on_batch`` & co.). An error the function raises
+        is replaced by the one
+        :func:`~custom_fit._compat.common.explained_step_error` returns for it
+        (XLA's, then ``explain``'s), raised from it.
         """
 
     # -- optimizers, distribution, mixed precision ------------------------------------
@@ -276,9 +287,6 @@ class LoopParts(Protocol):
 
     def reset_counter(self, model: KerasObject, kind: str) -> None:
         """Sets the call's step counter to 0 where Keras keeps one."""
-
-    def run_execution(self, function: Callable[[Any], Any], execution: Any) -> Any:
-        """Runs the train or test function on one execution; returns its logs."""
 
     def run_prediction(self, function: Callable[[Any], Any], execution: Any) -> Any:
         """Runs the predict function on one execution; returns its outputs."""

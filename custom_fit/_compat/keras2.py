@@ -23,11 +23,12 @@ import copy
 import functools
 import inspect
 import random
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import tensorflow as tf
 import tf_keras as keras
+from tensorflow.python.eager import context as _context
 from tf_keras.src.engine import functional as _functional
 from tf_keras.src.engine import training as _training
 from tf_keras.src.mixed_precision import loss_scale_optimizer as _lso
@@ -38,8 +39,9 @@ from tf_keras.src.utils import losses_utils as _losses_utils
 
 from custom_fit._compat.common import (
     CountingCall,
+    ErrorExplainer,
     UntrackedVariable,
-    explain_xla_errors,
+    explained_step_error,
     find_untracked_variables,
     loss_scaling,
     marks_built_if_complete,
@@ -266,8 +268,54 @@ def unscale_loss_for_distribution(loss: Any) -> Any:
 # --------------------------------------------------------------------------
 
 
+class Execution(NamedTuple):
+    """What the train, test or predict function runs next: ``steps`` steps on ``iterator``.
+
+    tf_keras' step functions read the number of steps from the model's
+    ``_steps_per_execution`` variable (``steps_variable``) when they run:
+    :func:`running` sets it to ``steps`` for the call and back to
+    ``fixed`` (``compile``'s number) after it, so that what runs between two
+    executions (callbacks, a validation run inside the epoch, which builds
+    and runs the test function) sees ``compile``'s number. ``sync``: the data's
+    length is unknown, so the loop waits for the execution before the next
+    (tf_keras' ``DataHandler.should_sync``), where running out of data raises.
+    """
+
+    iterator: Any
+    steps: int
+    sync: bool
+    steps_variable: Any = None
+    fixed: int = 1
+
+
+@contextlib.contextmanager
+def running(execution: Execution) -> Iterator[Any]:
+    """Runs the block on ``execution``'s data iterator (given), with ``execution.steps`` as the model's steps.
+
+    The steps variable is set for the block and put back after it; where the
+    data's length is unknown (``sync``), the block's execution is waited for,
+    so that running out of data raises here, before its logs are used.
+    """
+    variable, steps = execution.steps_variable, execution.steps
+    changes = variable is not None and steps != execution.fixed
+    if changes:
+        variable.assign(steps)  # read by the step function when it runs
+    try:
+        yield execution.iterator
+        if execution.sync:
+            _context.async_wait()
+    finally:
+        if changes:
+            variable.assign(execution.fixed)
+
+
 def make_step_function(
-    model: Any, step: Callable[[Any], Any], *, training: bool, tuner: Any = None
+    model: Any,
+    step: Callable[[Any], Any],
+    *,
+    training: bool,
+    tuner: Any = None,
+    explain: ErrorExplainer | None = None,
 ) -> Callable[[Any], Any]:
     """``Model.make_train_function``'s (or ``make_test_function``'s) function in tf_keras 2.21.
 
@@ -315,7 +363,22 @@ def make_step_function(
         function = tf.function(function, reduce_retracing=True)
         if training:
             model.train_tf_function = function
-    return explain_xla_errors(model, function)
+
+    def function_on_execution(iterator: Any) -> Any:
+        # fit's and evaluate's loop pass an Execution, train_on_batch & co. a data iterator. Errors are
+        # explained here, not by a wrapper: one frame fewer above the step.
+        try:
+            if isinstance(iterator, Execution):
+                with running(iterator) as data:
+                    return function(data)
+            return function(iterator)
+        except Exception as error:
+            explained = explained_step_error(model, error, explain)
+            if explained is None:
+                raise
+            raise explained from error
+
+    return function_on_execution
 
 
 #: ``mark_built_if_complete(model)``: sets ``model.built`` when all its variables exist although it

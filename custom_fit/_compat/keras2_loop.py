@@ -29,12 +29,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import tensorflow as tf
 import tf_keras as keras
 from tensorflow.python.distribute import values as _distribute_values
-from tensorflow.python.eager import context as _context
 from tf_keras.src.engine import data_adapter as _data_adapter
 from tf_keras.src.engine import training as _training
 from tf_keras.src.engine import training_utils as _training_utils
@@ -48,7 +47,7 @@ from custom_fit._compat.common import (
     pop_fit_validation,
     validates_after,
 )
-from custom_fit._compat.keras2 import has_compiled_loss
+from custom_fit._compat.keras2 import Execution, has_compiled_loss, running
 
 __all__ = [
     "FIT_VALIDATION_KWARGS",
@@ -73,7 +72,6 @@ __all__ = [
     "in_legacy_graph",
     "pop_fit_validation",
     "reset_counter",
-    "run_execution",
     "run_prediction",
     "set_steps_per_execution",
     "steps_per_execution",
@@ -83,26 +81,6 @@ __all__ = [
 
 #: tf_keras' data-loading arguments of ``fit``, ``evaluate`` and ``predict`` (Keras 3 has none), with their defaults.
 _DATA_OPTIONS = {"max_queue_size": 10, "workers": 1, "use_multiprocessing": False}
-
-
-class Execution(NamedTuple):
-    """What the train, test or predict function runs next: ``steps`` steps on ``iterator``.
-
-    tf_keras' step functions read the number of steps from the model's
-    ``_steps_per_execution`` variable (``steps_variable``) when they run:
-    :func:`run_execution` sets it to ``steps`` for the call and back to
-    ``fixed`` (``compile``'s number) after it, so that what runs between two
-    executions (callbacks, a validation run inside the epoch, which builds
-    and runs the test function) sees ``compile``'s number. ``sync``: the data's
-    length is unknown, so the loop waits for the execution before the next
-    (tf_keras' ``DataHandler.should_sync``), where running out of data raises.
-    """
-
-    iterator: Any
-    steps: int
-    sync: bool
-    steps_variable: Any = None
-    fixed: int = 1
 
 
 class EpochIterator:
@@ -377,24 +355,10 @@ def reset_counter(model: Any, kind: str) -> None:
     {"fit": model._train_counter, "evaluate": model._test_counter, "predict": model._predict_counter}[kind].assign(0)
 
 
-def run_execution(function: Callable[[Any], Any], execution: Execution) -> Any:
-    """Runs a train or test function (it takes the data iterator) on one execution of ``execution.steps`` steps."""
-    variable, steps = execution.steps_variable, execution.steps
-    changes = variable is not None and steps != execution.fixed
-    if changes:
-        variable.assign(steps)  # read by the step function when it runs
-    try:
-        logs = function(execution.iterator)
-        if execution.sync:
-            _context.async_wait()  # the data may have run out in it: raise here, before its logs are used
-    finally:
-        if changes:
-            variable.assign(execution.fixed)
-    return logs
-
-
-#: ``predict``'s function takes the data iterator too.
-run_prediction = run_execution
+def run_prediction(function: Callable[[Any], Any], execution: Execution) -> Any:
+    """Runs the predict function (it takes the data iterator) on one execution of ``execution.steps`` steps."""
+    with running(execution) as iterator:
+        return function(iterator)
 
 
 def batch_end_step(first: int, steps: int) -> int:

@@ -33,8 +33,9 @@ from keras.src.utils import python_utils as _python_utils
 from custom_fit._compat import keras3_only
 from custom_fit._compat.common import (
     CountingCall,
+    ErrorExplainer,
     UntrackedVariable,
-    explain_xla_errors,
+    explained_step_error,
     find_untracked_variables,
     in_one_merge_call,
     loss_scaling,
@@ -229,7 +230,12 @@ def unscale_loss_for_distribution(loss: Any) -> Any:
 
 
 def make_step_function(
-    model: keras.Model, step: Callable[[Any], Any], *, training: bool, tuner: Any = None
+    model: keras.Model,
+    step: Callable[[Any], Any],
+    *,
+    training: bool,
+    tuner: Any = None,
+    explain: ErrorExplainer | None = None,
 ) -> Callable[[Any], Any]:
     """Builds the function ``fit`` (``training=True``) or ``evaluate`` calls on an iterator.
 
@@ -314,30 +320,37 @@ def make_step_function(
         multi_step_on_iterator = tf.function(multi_step_on_iterator, reduce_retracing=True)
 
     def function(iterator: Any) -> Any:
-        steps = model.steps_per_execution
-        if isinstance(iterator, keras3_only.Execution):  # fit's steered epoch iterator: its planned steps
-            iterator, steps = iterator.iterator, iterator.steps
-        if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
-            if steps == 1 and _STEPS_ON_A_FETCHED_BATCH:
-                batch = iterator.get_next_as_optional()
-                if not batch.has_value():
-                    raise StopIteration
-                logs = one_step_on_data(batch.get_value())
-            else:
-                if steps == 1:
-                    outputs = one_step_on_iterator(iterator)
+        # Errors are explained here rather than by a wrapper: one frame fewer above the step.
+        try:
+            steps = model.steps_per_execution
+            if isinstance(iterator, keras3_only.Execution):  # fit's steered epoch iterator: its planned steps
+                iterator, steps = iterator.iterator, iterator.steps
+            if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
+                if steps == 1 and _STEPS_ON_A_FETCHED_BATCH:
+                    batch = iterator.get_next_as_optional()
+                    if not batch.has_value():
+                        raise StopIteration
+                    logs = one_step_on_data(batch.get_value())
                 else:
-                    outputs = multi_step_on_iterator(iterator, tf.constant(steps, "int32"))
-                if not outputs.has_value():
-                    raise StopIteration
-                logs = outputs.get_value()
+                    if steps == 1:
+                        outputs = one_step_on_iterator(iterator)
+                    else:
+                        outputs = multi_step_on_iterator(iterator, tf.constant(steps, "int32"))
+                    if not outputs.has_value():
+                        raise StopIteration
+                    logs = outputs.get_value()
+                return logs
+            # `train_on_batch` & co. pass a Python generator of batches.
+            for _, data in zip(range(model.steps_per_execution), iterator, strict=False):
+                logs = one_step_on_data(data)
             return logs
-        # `train_on_batch` & co. pass a Python generator of batches.
-        for _, data in zip(range(model.steps_per_execution), iterator, strict=False):
-            logs = one_step_on_data(data)
-        return logs
+        except Exception as error:
+            explained = explained_step_error(model, error, explain)
+            if explained is None:
+                raise
+            raise explained from error
 
-    return explain_xla_errors(model, function)
+    return function
 
 
 def _reduce_logs(strategy: tf.distribute.Strategy, logs: Any) -> Any:

@@ -66,7 +66,6 @@ __all__ = [
     "in_legacy_graph",
     "pop_fit_validation",
     "reset_counter",
-    "run_execution",
     "run_prediction",
     "seed_generator_states",
     "set_steps_per_execution",
@@ -465,11 +464,6 @@ def set_steps_per_execution(model: keras.Model, value: int) -> None:
 
 def reset_counter(model: keras.Model, kind: str) -> None:
     """Nothing: Keras 3 keeps no step counters."""
-
-
-def run_execution(function: Callable[[Any], Any], execution: Execution) -> Any:
-    """Runs a train or test function (it takes the execution) on one execution."""
-    return function(execution)
 
 
 def run_prediction(function: Callable[[Any], Any], execution: Execution) -> Any:

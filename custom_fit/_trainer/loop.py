@@ -49,7 +49,7 @@ kept on the model.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+import dataclasses
 from typing import Any
 
 from custom_fit import _compat
@@ -124,20 +124,12 @@ class Loop(StepFunctions):
     ) -> Any:
         parts = _compat.loop
         if parts.in_legacy_graph():  # Keras 2 in a TF1 graph: tf_keras' v1 engine runs it, as for tf_keras.Model
-            if isinstance(validation_freq, Steps):
-                raise ValueError(
-                    f"fit(validation_freq={validation_freq!r}) runs in custom_fit's loop, but this model was built "
-                    "in a TF1 graph (tf.Graph().as_default()), where tf_keras' v1 engine runs fit. "
-                    "Fix: build and fit the model outside the graph, or pass an int validation_freq."
-                )
-            if validation_batch_size is not None:  # the v1 engine has no such argument: it raises, as for tf_keras
-                kwargs["validation_batch_size"] = validation_batch_size
-            return super().fit(
+            return self._fit_in_legacy_graph(
                 x=x, y=y, batch_size=batch_size, epochs=epochs, verbose=verbose, callbacks=callbacks,
                 validation_split=validation_split, validation_data=validation_data, shuffle=shuffle,
                 class_weight=class_weight, sample_weight=sample_weight, initial_epoch=initial_epoch,
                 steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
-                validation_freq=validation_freq, **kwargs,
+                validation_batch_size=validation_batch_size, validation_freq=validation_freq, **kwargs,
             )  # fmt: skip
         verbose = parts.begin_call(self, "fit", verbose)
         options = parts.data_options(kwargs, "fit")  # Keras 2: max_queue_size, workers, use_multiprocessing
@@ -147,19 +139,19 @@ class Loop(StepFunctions):
             (x, y, sample_weight), validation_data = parts.train_validation_split(
                 (x, y, sample_weight), validation_split
             )
-        validates = parts.has_validation_data(validation_data)
+        validation = _Validation.of(
+            validation_data, batch_size=validation_batch_size or batch_size, steps=validation_steps, options=options
+        )
         # validation_freq=Steps(N): validation after every N-th step (custom_fit._trainer.validation).
-        schedule = ValidationSchedule.for_fit(validation_freq, validates=validates)
-        if validates:
-            val_x, val_y, val_sample_weight = keras.utils.unpack_x_y_sample_weight(validation_data)
+        schedule = ValidationSchedule.for_fit(validation_freq, validates=validation is not None)
         progress = Progress(data=EpochPosition())
         call = LoopCall("fit", progress=progress)
-        state = state_of(self)
         # The loop asks the plan how many steps each execution fuses and tells it what ran.
         fixed = self._fixed_steps_per_execution()
-        plan: ExecutionPlan = state.steps_tuner or FixedPlan(fixed)
-        # Executions end at validation runs.
-        steps_for = plan.plan if schedule is None else schedule.capped(plan.plan, lambda: progress.trained_steps)
+        plan: ExecutionPlan = state_of(self).steps_tuner or FixedPlan(fixed)
+        steps_for = plan.plan if schedule is None else schedule.capped(plan.plan, progress)  # executions end at runs
+        data = {"x": x, "y": y, "sample_weight": sample_weight, "batch_size": batch_size, "shuffle": shuffle,
+                "class_weight": class_weight, "steps_per_epoch": steps_per_epoch, **options}  # fmt: skip
         with (
             self._running(call),
             parts.call_scope(self, "fit"),
@@ -167,17 +159,10 @@ class Loop(StepFunctions):
                 self,
                 plan=steps_for,
                 position=progress.data,
-                x=x,
-                y=y,
-                sample_weight=sample_weight,
-                batch_size=batch_size,
-                steps_per_epoch=steps_per_epoch,
                 initial_epoch=initial_epoch,
                 epochs=epochs,
-                shuffle=shuffle,
-                class_weight=class_weight,
                 steps_per_execution=fixed,
-                **options,
+                **data,
             ) as epoch_iterator,
         ):
             parts.build_before_loop(self, epoch_iterator)
@@ -186,112 +171,73 @@ class Loop(StepFunctions):
                 callbacks, add_history=True, verbose=verbose, epochs=epochs, steps=epoch_iterator.num_batches
             )
             hand_to_callbacks(progress, callbacks)
-
-            def train_batch_begin(step: int) -> None:
-                progress.step_begins(step)
-                callbacks.on_train_batch_begin(step)
-
-            def validate() -> dict[str, Any]:
-                """One validation run: ``evaluate`` on the validation data with ``fit``'s callbacks."""
-                if call.validation is None:
-                    call.validation = self._epoch_iterator(
-                        x=val_x,
-                        y=val_y,
-                        sample_weight=val_sample_weight,
-                        batch_size=validation_batch_size or batch_size,
-                        steps_per_epoch=validation_steps,
-                        **options,
-                    )
-                val_logs = self.evaluate(
-                    x=val_x,
-                    y=val_y,
-                    sample_weight=val_sample_weight,
-                    batch_size=validation_batch_size or batch_size,
-                    steps=validation_steps,
-                    callbacks=callbacks,
-                    return_dict=True,
-                    **options,
-                    **parts.FIT_VALIDATION_KWARGS,
-                )
-                return {f"val_{name}": value for name, value in val_logs.items()}
-
-            def train_execution_end(first: int, steps: int, logs: Any) -> None:
-                progress.execution_ends(first + steps)
-                trained = progress.trained_steps
-                if schedule is not None and schedule.due(trained):
-                    train_logs = dict(parts.epoch_logs(self, logs, returned=True))  # the epoch so far
-                    with keeping_training_metrics(self):  # evaluate resets the metrics training shares
-                        val_logs = validate()
-                    progress.validated(val_logs)
-                    run_end(callbacks, schedule.run_index(trained), trained, train_logs, val_logs)
-
+            run = _FitRun(self, call, callbacks, plan, schedule, validation, validation_freq)
             self.stop_training = False
             self.make_train_function()
             parts.reset_counter(self, "fit")
             callbacks.on_train_begin()
-            training_logs = None
-            logs: Any = None  # no step ran yet
             # Where a backup loaded into the progress says (custom_fit.BackupAndRestore), else where
             # Keras' own BackupAndRestore says, else the argument.
-            if progress.loaded:
-                first = progress.first_epoch(initial_epoch)
-            else:
-                first = parts.first_epoch(self, initial_epoch, epoch_iterator)
-            for epoch in range(first, epochs):
-                if epoch_iterator.exhausted:  # Keras 2 ends fit when the data ran out before its steps
-                    break
-                self.reset_metrics()
-                progress.epoch_begins(epoch)
-                callbacks.on_epoch_begin(epoch)
-                logs, stepped = self._run_epoch(
-                    epoch_iterator,
-                    lambda execution: parts.run_execution(self.train_function, execution),  # read per execution
-                    train_batch_begin,
-                    callbacks.on_train_batch_end,
-                    stopped=lambda: self.stop_training,
-                    logs=logs,
-                    plan=plan,
-                    execution_end=train_execution_end,
-                )
-                progress.epoch_ends()
-                # The metrics' results replace the last step's logs where they name the same values
-                # (after an epoch that ran no step, the logs are the epoch before's, as in Keras).
-                epoch_logs = dict(parts.epoch_logs(self, logs, returned=stepped))
-                if schedule is not None:  # the runs inside the epoch reached the monitors already
-                    training_logs = epoch_end(callbacks, epoch, epoch_logs, progress.validation_logs)
-                else:
-                    if validates and parts.validates_after(self, epoch, validation_freq):
-                        epoch_logs.update(validate())
-                    callbacks.on_epoch_end(epoch, epoch_logs)
-                    training_logs = epoch_logs
-                if self.stop_training:
-                    break
-            else:
-                epoch_iterator.epochs_done()
+            first = (
+                progress.first_epoch(initial_epoch)
+                if progress.loaded
+                else parts.first_epoch(self, initial_epoch, epoch_iterator)
+            )
+            training_logs = self._train_epochs(run, epoch_iterator, range(first, epochs))
             if isinstance(self.optimizer, keras.optimizers.Optimizer) and epochs > 0:
                 self.optimizer.finalize_variable_values(self.trainable_weights)
             call.close_validation()  # it holds the validation data: not kept past fit, as in Keras
             callbacks.on_train_end(logs=training_logs)
             return self.history
 
-    def _run_epoch(
-        self,
-        epoch_iterator: Any,
-        function: Callable[[Any], Any],
-        batch_begin: Callable[[int], None],
-        batch_end: Callable[[int, Any], None],
-        *,
-        stopped: Callable[[], bool],
-        logs: Any,
-        plan: ExecutionPlan | None = None,
-        execution_end: Callable[[int, int, Any], None] | None = None,
-    ) -> tuple[Any, bool]:
-        """Runs ``function`` on each execution of one epoch between the batch hooks.
+    def _fit_in_legacy_graph(self, *, validation_freq: Any, validation_batch_size: int | None, **arguments: Any) -> Any:
+        """``fit`` in a TF1 graph (Keras 2 only): tf_keras' v1 engine runs it, as it does for ``tf_keras.Model``."""
+        if isinstance(validation_freq, Steps):
+            raise ValueError(
+                f"fit(validation_freq={validation_freq!r}) runs in custom_fit's loop, but this model was built "
+                "in a TF1 graph (tf.Graph().as_default()), where tf_keras' v1 engine runs fit. "
+                "Fix: build and fit the model outside the graph, or pass an int validation_freq."
+            )
+        if validation_batch_size is not None:  # the v1 engine has no such argument: it raises, as for tf_keras
+            arguments["validation_batch_size"] = validation_batch_size
+        return super().fit(validation_freq=validation_freq, **arguments)
 
-        Args:
-            plan: Told each execution that ran (``fit``; the epoch iterator asked it for their steps).
-            execution_end: Called with the execution's first step, its steps and
-                logs after its last batch hook, before ``stopped`` is asked (``fit``).
+    def _train_epochs(self, run: _FitRun, epoch_iterator: Any, epochs: range) -> dict[str, Any] | None:
+        """Trains ``epochs`` until the data runs out or a callback stops training; returns the last epoch's logs.
+
+        Each epoch: the metrics reset, ``on_epoch_begin``, its executions
+        (:meth:`_run_epoch`), its end (:meth:`_FitRun.epoch_ends`). ``None``
+        if no epoch ran.
+        """
+        training_logs = None
+        logs: Any = None  # no step ran yet
+        for epoch in epochs:
+            if epoch_iterator.exhausted:  # Keras 2 ends fit when the data ran out before its steps
+                break
+            self.reset_metrics()
+            run.progress.epoch_begins(epoch)
+            run.callbacks.on_epoch_begin(epoch)
+            logs, stepped = self._run_epoch(epoch_iterator, run.callbacks, logs=logs, fit=run)
+            run.progress.epoch_ends()
+            # The metrics' results replace the last step's logs where they name the same values
+            # (after an epoch that ran no step, the logs are the epoch before's, as in Keras).
+            training_logs = run.epoch_ends(epoch, dict(_compat.loop.epoch_logs(self, logs, returned=stepped)))
+            if self.stop_training:
+                break
+        else:
+            epoch_iterator.epochs_done()
+        return training_logs
+
+    def _run_epoch(
+        self, epoch_iterator: Any, callbacks: Any, *, logs: Any, fit: _FitRun | None = None
+    ) -> tuple[Any, bool]:
+        """Runs the train function (``fit``'s run given) or the test function on each execution of one epoch.
+
+        Between the batch hooks: ``fit``'s (:meth:`_FitRun.batch_begins`,
+        :meth:`_FitRun.execution_ends`) or ``on_test_batch_begin`` and
+        ``on_test_batch_end``. The function is read per execution (a callback
+        may rebuild it) and called on the execution itself: nothing of
+        custom_fit's stands between this frame and the step function.
 
         Returns:
             The last execution's logs (``logs`` if none ran) and whether any ran.
@@ -301,15 +247,17 @@ class Loop(StepFunctions):
         try:
             with epoch_iterator.catch_stop_iteration():
                 for first, steps, execution in epoch_iterator:
-                    batch_begin(first)
-                    logs = function(execution)
-                    if plan is not None:
-                        report_execution(plan, execution.steps, logs, execution.iterator)
-                    stepped = True
-                    batch_end(_compat.loop.batch_end_step(first, steps), logs)
-                    if execution_end is not None:
-                        execution_end(first, steps, logs)
-                    if stopped():
+                    if fit is not None:
+                        fit.batch_begins(first)
+                        logs = self.train_function(execution)
+                        stepped = True
+                        fit.execution_ends(first, steps, execution, logs)
+                    else:
+                        callbacks.on_test_batch_begin(first)
+                        logs = self.test_function(execution)
+                        stepped = True
+                        callbacks.on_test_batch_end(_compat.loop.batch_end_step(first, steps), logs)
+                    if self.stop_training if fit is not None else self.stop_evaluating:
                         break
             return logs, stepped
         finally:
@@ -359,14 +307,7 @@ class Loop(StepFunctions):
             self.stop_evaluating = False
             callbacks.on_test_begin()
             self.reset_metrics()
-            logs, stepped = self._run_epoch(
-                epoch_iterator,
-                lambda execution: parts.run_execution(self.test_function, execution),
-                callbacks.on_test_batch_begin,
-                callbacks.on_test_batch_end,
-                stopped=lambda: self.stop_evaluating,
-                logs={},
-            )
+            logs, stepped = self._run_epoch(epoch_iterator, callbacks, logs={})
             epoch_iterator.epochs_done()
             logs = parts.evaluation_logs(parts.epoch_logs(self, logs, returned=stepped))
             callbacks.on_test_end(logs)
@@ -456,6 +397,91 @@ class Loop(StepFunctions):
             epochs=epochs,
             steps=steps,
         )
+
+
+@dataclasses.dataclass
+class _Validation:
+    """``fit``'s validation data and how each run reads it."""
+
+    x: Any
+    y: Any
+    sample_weight: Any
+    batch_size: int | None
+    steps: int | None
+    options: dict[str, Any]
+
+    @classmethod
+    def of(cls, data: Any, *, batch_size: int | None, steps: int | None, options: dict[str, Any]) -> _Validation | None:
+        """``fit(validation_data=data)``'s, or ``None`` if ``fit`` does not validate (the Keras in use decides)."""
+        if not _compat.loop.has_validation_data(data):
+            return None
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        return cls(x, y, sample_weight, batch_size, steps, options)
+
+
+class _FitRun:
+    """What one ``fit`` call's epochs share, and the hooks they run around each execution.
+
+    Made once ``fit``'s callbacks exist; :meth:`Loop._train_epochs` and
+    :meth:`Loop._run_epoch` call its methods. Methods of an object rather than
+    closures over ``fit``'s locals, so ``fit`` reads as its phases.
+    """
+
+    def __init__(
+        self,
+        model: Loop,
+        call: LoopCall,
+        callbacks: Any,
+        plan: ExecutionPlan,
+        schedule: ValidationSchedule | None,
+        validation: _Validation | None,
+        validation_freq: Any,
+    ) -> None:
+        assert call.progress is not None  # fit's call has one
+        self.model, self.call, self.progress, self.callbacks = model, call, call.progress, callbacks
+        self.plan, self.schedule, self.validation, self.validation_freq = plan, schedule, validation, validation_freq
+
+    def batch_begins(self, step: int) -> None:
+        """Before an execution whose first step is ``step``: the progress, then ``on_train_batch_begin``."""
+        self.progress.step_begins(step)
+        self.callbacks.on_train_batch_begin(step)
+
+    def execution_ends(self, first: int, steps: int, execution: Any, logs: Any) -> None:
+        """After an execution: the plan is told, ``on_train_batch_end``, then a validation run if one is due."""
+        report_execution(self.plan, execution.steps, logs, execution.iterator)
+        self.callbacks.on_train_batch_end(_compat.loop.batch_end_step(first, steps), logs)
+        self.progress.execution_ends(first + steps)
+        trained = self.progress.trained_steps
+        if self.schedule is not None and self.schedule.due(trained):
+            train_logs = dict(_compat.loop.epoch_logs(self.model, logs, returned=True))  # the epoch so far
+            with keeping_training_metrics(self.model):  # evaluate resets the metrics training shares
+                val_logs = self.validate()
+            self.progress.validated(val_logs)
+            run_end(self.callbacks, self.schedule.run_index(trained), trained, train_logs, val_logs)
+
+    def epoch_ends(self, epoch: int, epoch_logs: dict[str, Any]) -> dict[str, Any]:
+        """``on_epoch_end``, after the epoch's validation if it validates; returns the logs the callbacks got."""
+        if self.schedule is not None:  # the runs inside the epoch reached the monitors already
+            return epoch_end(self.callbacks, epoch, epoch_logs, self.progress.validation_logs)
+        if self.validation is not None and _compat.loop.validates_after(self.model, epoch, self.validation_freq):
+            epoch_logs.update(self.validate())
+        self.callbacks.on_epoch_end(epoch, epoch_logs)
+        return epoch_logs
+
+    def validate(self) -> dict[str, Any]:
+        """One validation run: ``evaluate`` on the validation data with ``fit``'s callbacks; its logs ``val_``-named."""
+        data = self.validation
+        assert data is not None  # only a fit that validates runs one
+        if self.call.validation is None:  # made at the first run, kept until fit ends
+            self.call.validation = self.model._epoch_iterator(
+                x=data.x, y=data.y, sample_weight=data.sample_weight, batch_size=data.batch_size,
+                steps_per_epoch=data.steps, **data.options,
+            )  # fmt: skip
+        val_logs = self.model.evaluate(
+            x=data.x, y=data.y, sample_weight=data.sample_weight, batch_size=data.batch_size, steps=data.steps,
+            callbacks=self.callbacks, return_dict=True, **data.options, **_compat.loop.FIT_VALIDATION_KWARGS,
+        )  # fmt: skip
+        return {f"val_{name}": value for name, value in val_logs.items()}
 
 
 for _method in (Loop.fit, Loop.evaluate, Loop.predict):

@@ -4,21 +4,25 @@ Keras calls ``model.train_function(iterator)`` once per execution (one or
 ``steps_per_execution`` batches). :class:`StepFunctions` builds those
 functions around the model's steps: logs flattened (Keras-2-style steps return
 nested dicts), the training step traced under the model's
-:class:`~custom_fit._diagnostics.StepDiagnostics`, and XLA errors explained.
+:class:`~custom_fit._diagnostics.StepDiagnostics`, and XLA and cross-replica
+errors explained. Each piece is a call inside the step or the step function,
+not a wrapper around it: between ``fit`` and ``train_step`` custom_fit puts at
+most 3 frames more than Keras (``tests/trainer/test_loop.py``).
 The fused, distributed loop itself is :func:`custom_fit._compat.version.make_step_function`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from custom_fit import _compat
 from custom_fit import _distribution as distribution
 from custom_fit._compat import version
-from custom_fit._compat.common import explain_xla_errors, in_replica
-from custom_fit._logged_values import flat_logs
+from custom_fit._compat.common import in_replica, with_errors_explained
+from custom_fit._logged_values import flattened_logs
 from custom_fit._optimizers import NamedOptimizers, ensure_state
 from custom_fit._state import LoopCall, state_of
 
@@ -49,7 +53,7 @@ class StepFunctions(_compat.TrainerHooks):
                 call.progress.forget_data()  # it holds the data: not kept past fit, as in Keras
 
     def make_train_function(self, force: bool = False) -> Callable[..., Any]:
-        """Builds ``self.train_function`` around ``train_step`` (logs flattened, step checked).
+        """Builds ``self.train_function`` around ``train_step`` (logs flattened, step checked, errors explained).
 
         Both Kerases call it at the start of ``fit``, before any callback. A
         model never called itself (a GAN, a distiller) is marked built when
@@ -57,18 +61,23 @@ class StepFunctions(_compat.TrainerHooks):
         """
         version.mark_built_if_complete(self)
         if self.train_function is None or force:
-            step = flat_logs(self._checked_train_step)
             tuner = state_of(self).steps_tuner  # compile(steps_per_execution="auto")
-            function = version.make_step_function(self, step, training=True, tuner=tuner)
-            self.train_function = distribution.explain_merge_call_errors(self, function)
+            self.train_function = version.make_step_function(
+                self,
+                self._checked_train_step,
+                training=True,
+                tuner=tuner,
+                explain=functools.partial(distribution.explained_merge_call_error, self),
+            )
         return self.train_function
 
     def make_test_function(self, force: bool = False) -> Callable[..., Any]:
-        """Builds ``self.test_function`` around ``test_step`` (logs flattened)."""
+        """Builds ``self.test_function`` around ``test_step`` (logs flattened, XLA errors explained)."""
         if self.test_function is None or force:
             tuner = state_of(self).steps_tuner  # the number of steps may change between executions
-            step = flat_logs(self._test_step_in_replica)
-            self.test_function = version.make_step_function(self, step, training=False, tuner=tuner)
+            self.test_function = version.make_step_function(
+                self, self._test_step_in_replica, training=False, tuner=tuner
+            )
         return self.test_function
 
     def make_predict_function(self, force: bool = False) -> Callable[..., Any]:
@@ -85,12 +94,12 @@ class StepFunctions(_compat.TrainerHooks):
         built_for_one_step = state_of(self).predict_function_steps == 1
         if self.predict_function is None or force or (built_for_one_step and steps > 1):
             super().make_predict_function(force=True)
-            self.predict_function = explain_xla_errors(self, self.predict_function)
+            self.predict_function = with_errors_explained(self, self.predict_function)
             state_of(self).predict_function_steps = steps
         return self.predict_function
 
     def _checked_train_step(self, data: Any) -> Any:
-        """``train_step``, traced under the model's ``StepDiagnostics``; counts steps of named optimizers.
+        """``train_step``, traced under the model's ``StepDiagnostics``, logs flattened; counts named optimizers' steps.
 
         Under a ``tf.distribute`` strategy, variables the step creates (an
         attribute optimizer's slots, a sub-model built by its first call) are
@@ -107,7 +116,7 @@ class StepFunctions(_compat.TrainerHooks):
         version.mark_built_if_complete(self)  # sub-models without an input shape are built by now
         if isinstance(self.optimizer, NamedOptimizers):
             self.optimizer.count_step()
-        return logs
+        return flattened_logs(logs)
 
     def _build_optimizer_while_tracing(self) -> None:
         """Creates the compiled optimizer's state on every trainable variable, in the step's first trace.
@@ -131,9 +140,9 @@ class StepFunctions(_compat.TrainerHooks):
             ensure_state(self.optimizer, self.trainable_variables)
 
     def _test_step_in_replica(self, data: Any) -> Any:
-        """``test_step``; variables it creates under a strategy are created outside the replica context."""
+        """``test_step``, logs flattened; variables it creates under a strategy are created outside replicas."""
         with distribution.variables_created_outside_replicas():
-            return self.test_step(data)
+            return flattened_logs(self.test_step(data))
 
 
 def _steps_per_execution(model: Any) -> int:

@@ -60,7 +60,7 @@ from typing import Any
 import tensorflow as tf
 
 from custom_fit._compat import keras
-from custom_fit._trainer.progress import epoch_metrics
+from custom_fit._trainer.progress import Progress, epoch_metrics
 
 __all__ = ["Steps", "ValidationSchedule", "epoch_end", "keeping_training_metrics", "monitors", "run_end"]
 
@@ -104,7 +104,9 @@ class ValidationSchedule:
         >>> schedule = ValidationSchedule(Steps(10))
         >>> [schedule.due(trained) for trained in (9, 10, 11)], schedule.run_index(20)
         ([False, True, False], 1)
-        >>> plan = schedule.capped(lambda remaining: 8, trained=lambda: 6)
+        >>> progress = Progress(data=None)
+        >>> progress.execution_ends(6)  # 6 steps trained
+        >>> plan = schedule.capped(lambda remaining: 8, progress)
         >>> plan(None)  # 8 planned, 4 left until the run after step 10
         4
     """
@@ -139,8 +141,8 @@ class ValidationSchedule:
         """The number of the run after step ``trained`` (0 for the first): the epoch the monitors see."""
         return trained // self.every - 1
 
-    def capped(self, plan: Callable[[int | None], int], trained: Callable[[], int]) -> Callable[[int | None], int]:
-        """``plan`` (asked for an execution's steps), at most the steps left until the next run.
+    def capped(self, plan: Callable[[int | None], int], progress: Progress) -> Callable[[int | None], int]:
+        """``plan`` (asked for an execution's steps), at most the steps left until the run after ``progress``'s step.
 
         Also at most ``remaining``, the steps left in the epoch (``None``:
         unknown), which a fixed plan does not cut (Keras' step function stops
@@ -149,7 +151,7 @@ class ValidationSchedule:
         """
 
         def plan_to_next_run(remaining: int | None) -> int:
-            steps = min(plan(remaining), self.every - trained() % self.every)
+            steps = min(plan(remaining), self.every - progress.trained_steps % self.every)
             return steps if remaining is None else min(steps, remaining)
 
         return plan_to_next_run

@@ -27,6 +27,7 @@ import tensorflow as tf
 
 import custom_fit
 from custom_fit import keras
+from custom_fit._trainer.progress import Progress
 from custom_fit._trainer.validation import ValidationSchedule
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,12 +119,12 @@ def test_the_schedule_counts_steps_across_epochs_and_caps_executions() -> None:
     schedule = ValidationSchedule(custom_fit.Steps(10))
     assert [t for t in range(1, 33) if schedule.due(t)] == [10, 20, 30]
     assert [schedule.run_index(t) for t in (10, 20, 30)] == [0, 1, 2]
-    trained = 0
-    capped = schedule.capped(lambda remaining: 4, trained=lambda: trained)
+    progress = Progress(data=None)
+    capped = schedule.capped(lambda remaining: 4, progress)
     executions = []
-    while trained < 32:  # a plan of 4 steps per execution, cut at each run
+    while progress.trained_steps < 32:  # a plan of 4 steps per execution, cut at each run
         executions.append(capped(None))
-        trained += executions[-1]
+        progress.execution_ends(progress.trained_steps + executions[-1])
     assert executions == [4, 4, 2, 4, 4, 2, 4, 4, 2, 4]
 
 
