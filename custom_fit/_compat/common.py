@@ -27,6 +27,7 @@ __all__ = [
     "cluster_key_get",
     "cluster_key_insert",
     "dataset_without_autotuning",
+    "errors_explained",
     "explained_step_error",
     "explained_xla_error",
     "find_untracked_variables",
@@ -286,29 +287,36 @@ def explained_xla_error(model: Any, error: Exception) -> XlaCompileError | None:
 
 
 def explained_step_error(model: Any, error: Exception, explain: ErrorExplainer | None = None) -> Exception | None:
-    """The error a step function raises instead of ``error``: XLA's explained, else ``explain``'s; ``None``: ``error``.
-
-    The step functions catch their errors themselves and raise the returned one
-    from the original, instead of being wrapped in a function per explanation:
-    each wrapper was one more frame between ``fit`` and ``train_step`` in a
-    debugger or a traceback (issue 50).
-    """
+    """The error to raise instead of ``error``: XLA's explained, else ``explain``'s; ``None``: ``error`` itself."""
     return explained_xla_error(model, error) or (explain(error) if explain is not None else None)
+
+
+@contextlib.contextmanager
+def errors_explained(model: Any, explain: ErrorExplainer | None = None) -> Iterator[None]:
+    """Raises :func:`explained_step_error`'s error, from the original, in place of an error the block raises.
+
+    The step functions run their body in it instead of being wrapped in a
+    function per explanation: each wrapper was one more frame between ``fit``
+    and ``train_step`` in a debugger or a traceback (issue 50). A block that
+    raises nothing costs its entry and exit only.
+    """
+    try:
+        yield
+    except (RuntimeError, tf.errors.InvalidArgumentError) as error:  # what the explanations explain
+        explained = explained_step_error(model, error, explain)
+        if explained is None:
+            raise
+        raise explained from error
 
 
 def with_errors_explained(
     model: Any, function: Callable[[Any], Any], explain: ErrorExplainer | None = None
 ) -> Callable[[Any], Any]:
-    """``function``, raising :func:`explained_step_error`'s error in place of the one it explains."""
+    """``function``, run in :func:`errors_explained` (Keras' predict function, which custom_fit does not build)."""
 
     def function_with_errors_explained(iterator: Any) -> Any:
-        try:
+        with errors_explained(model, explain):
             return function(iterator)
-        except Exception as error:
-            explained = explained_step_error(model, error, explain)
-            if explained is None:
-                raise
-            raise explained from error
 
     return function_with_errors_explained
 

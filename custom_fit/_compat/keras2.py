@@ -41,7 +41,7 @@ from custom_fit._compat.common import (
     CountingCall,
     ErrorExplainer,
     UntrackedVariable,
-    explained_step_error,
+    errors_explained,
     find_untracked_variables,
     loss_scaling,
     marks_built_if_complete,
@@ -367,16 +367,11 @@ def make_step_function(
     def function_on_execution(iterator: Any) -> Any:
         # fit's and evaluate's loop pass an Execution, train_on_batch & co. a data iterator. Errors are
         # explained here, not by a wrapper: one frame fewer above the step.
-        try:
+        with errors_explained(model, explain):
             if isinstance(iterator, Execution):
                 with running(iterator) as data:
                     return function(data)
             return function(iterator)
-        except Exception as error:
-            explained = explained_step_error(model, error, explain)
-            if explained is None:
-                raise
-            raise explained from error
 
     return function_on_execution
 

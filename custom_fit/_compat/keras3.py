@@ -35,7 +35,7 @@ from custom_fit._compat.common import (
     CountingCall,
     ErrorExplainer,
     UntrackedVariable,
-    explained_step_error,
+    errors_explained,
     find_untracked_variables,
     in_one_merge_call,
     loss_scaling,
@@ -321,7 +321,7 @@ def make_step_function(
 
     def function(iterator: Any) -> Any:
         # Errors are explained here rather than by a wrapper: one frame fewer above the step.
-        try:
+        with errors_explained(model, explain):
             steps = model.steps_per_execution
             if isinstance(iterator, keras3_only.Execution):  # fit's steered epoch iterator: its planned steps
                 iterator, steps = iterator.iterator, iterator.steps
@@ -344,11 +344,6 @@ def make_step_function(
             for _, data in zip(range(model.steps_per_execution), iterator, strict=False):
                 logs = one_step_on_data(data)
             return logs
-        except Exception as error:
-            explained = explained_step_error(model, error, explain)
-            if explained is None:
-                raise
-            raise explained from error
 
     return function
 

@@ -88,7 +88,7 @@ def _frames_above_train_step(base: type) -> list[traceback.FrameSummary]:
     """The frames between a ``fit`` call and the eager ``train_step`` it runs (both left out)."""
     seen: list[list[traceback.FrameSummary]] = []
 
-    class Recording(base):  # type: ignore[misc, valid-type]
+    class Recording(base):
         def train_step(self, data: Any) -> Any:
             seen.append(traceback.extract_stack()[:-1])
             return super().train_step(data)
