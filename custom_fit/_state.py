@@ -41,19 +41,26 @@ class LoopCall:
     Attributes:
         kind: The method.
         progress: ``fit`` only: where it is (epoch, step, data), the state a resumed ``fit`` loads.
-        validation: ``fit`` only: the epoch iterator of its validation data,
-            made at the first validation and kept until ``fit`` returns.
+        validation: ``fit`` only: the epoch iterator of the validation set
+            its ``evaluate`` reads now.
+        validation_name: ``fit`` only: the name of the named validation set
+            its ``evaluate`` reads now (``None``: Keras' one set).
+        validation_iterators: ``fit`` only: each validation set's epoch
+            iterator, made at the set's first run and kept until ``fit`` returns.
     """
 
     kind: Literal["fit", "evaluate", "predict"]
     progress: Progress | None = None
     validation: Any = None
+    validation_name: str | None = None
+    validation_iterators: dict[int, Any] = dataclasses.field(default_factory=dict)
 
     def close_validation(self) -> None:
-        """Closes and drops the validation's epoch iterator (``fit`` ends)."""
-        if self.validation is not None:
-            self.validation.close()
-            self.validation = None
+        """Closes and drops the validation sets' epoch iterators (``fit`` ends)."""
+        for iterator in self.validation_iterators.values():
+            iterator.close()
+        self.validation_iterators.clear()
+        self.validation = self.validation_name = None
 
 
 @dataclasses.dataclass(eq=False)

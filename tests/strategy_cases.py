@@ -106,9 +106,8 @@ def run(base, kind, strategy=None, epochs=3, fit_kwargs=None, **extra_compile):
         epochs=epochs,
         shuffle=False,
         verbose=0,
-        validation_data=(d["x_val"], targets(d, kind, "_val")),
         **sw,
-        **(fit_kwargs or {}),
+        **{"validation_data": (d["x_val"], targets(d, kind, "_val")), **(fit_kwargs or {})},
     )
     evaluation = model.evaluate(
         d["x_val"], targets(d, kind, "_val"), batch_size=GLOBAL_BATCH, verbose=0, return_dict=True
@@ -120,6 +119,11 @@ def run(base, kind, strategy=None, epochs=3, fit_kwargs=None, **extra_compile):
         "evaluate": {k: float(v) for k, v in evaluation.items()},
         "predict": tf.nest.map_structure(lambda a: np.asarray(a).tolist(), prediction),
     }
+
+
+def validation_halves(d):
+    """The validation data as two named sets of 16 samples each."""
+    return {"first": (d["x_val"][:16], d["y_val"][:16]), "second": (d["x_val"][16:], d["y_val"][16:])}
 
 
 def deltas(a, b):
@@ -182,6 +186,15 @@ def mirrored_fusion():
     results["steps/val_step"] = mirrored["history"]["val_step"]
     results["steps/mirrored_vs_single"] = deltas(single, mirrored)
     results["steps/fused_vs_one_step"] = deltas(mirrored, fused)
+    # Two named validation sets (the validation data's halves), Steps(4): each as one device, training unchanged.
+    named = {**every, "validation_data": validation_halves(data())}
+    named_single = run(custom_fit.CustomModel, "base", fit_kwargs=named)
+    named_mirrored = run(custom_fit.CustomModel, "base", strategy, fit_kwargs=named)
+    named_fused = run(custom_fit.CustomModel, "base", strategy, fit_kwargs=named, steps_per_execution=3)
+    results["named/val_keys"] = sorted(name for name in named_mirrored["history"] if name.startswith("val_"))
+    results["named/mirrored_vs_single"] = deltas(named_single, named_mirrored)
+    results["named/fused_vs_one_step"] = deltas(named_mirrored, named_fused)
+    results["named/weights_vs_one_set"] = deltas(mirrored, named_mirrored)["weights"]
     return results
 
 
@@ -737,11 +750,16 @@ def worker(index: int, ports: list[int]):
     steps_weights, steps_history = numpy_fit(
         custom_fit.CustomModel, validation_data=(d["x_val"], d["y_val"]), validation_freq=custom_fit.Steps(4)
     )
+    # Two named validation sets (the validation data's halves), Steps(4), on both workers.
+    named_weights, named_history = numpy_fit(
+        custom_fit.CustomModel, validation_data=validation_halves(d), validation_freq=custom_fit.Steps(4)
+    )
     # Gradient accumulation: Adam over 3 steps on both workers.
     accumulation = accumulation_run(strategy, "adam")
     return {
         "accumulation": accumulation,
         "steps": {"weights": steps_weights, "history": steps_history},
+        "named": {"weights": named_weights, "history": named_history},
         "numpy_weights": numpy_fit(custom_fit.CustomModel)[0],
         "keras_model": {"error": plain["error"]} if "error" in plain else {"ok": True},
         "evaluate": {k: float(v) for k, v in evaluation.items()},
@@ -795,11 +813,19 @@ def single_process_reference():
         d["x"], d["y"], batch_size=GLOBAL_BATCH, epochs=3, shuffle=False, verbose=0,
         validation_data=(d["x_val"], d["y_val"]), validation_freq=custom_fit.Steps(4),
     )  # fmt: skip
+    keras.utils.set_random_seed(SEED)
+    named = build(custom_fit.CustomModel, "base")
+    named.compile(**compile_kwargs("base"))
+    named_history = named.fit(
+        d["x"], d["y"], batch_size=GLOBAL_BATCH, epochs=3, shuffle=False, verbose=0,
+        validation_data=validation_halves(d), validation_freq=custom_fit.Steps(4),
+    )  # fmt: skip
     return {
         "weights": [w.tolist() for w in model.get_weights()],
         "history": history.history,
         "evaluate": {k: float(v) for k, v in evaluation.items()},
         "steps": {"weights": [w.tolist() for w in steps.get_weights()], "history": steps_history.history},
+        "named": {"weights": [w.tolist() for w in named.get_weights()], "history": named_history.history},
         "accumulation": accumulation_run(None, "adam"),
     }
 

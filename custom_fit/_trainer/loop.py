@@ -62,6 +62,7 @@ from custom_fit._trainer.progress import EpochPosition, Progress, hand_to_callba
 from custom_fit._trainer.step_functions import StepFunctions
 from custom_fit._trainer.step_fusion import ExecutionPlan, FixedPlan
 from custom_fit._trainer.validation import Steps, ValidationSchedule, epoch_end, keeping_training_metrics, run_end
+from custom_fit._trainer.validation_sets import ValidationSet, named_logs, validation_sets
 
 __all__ = ["Loop"]
 
@@ -139,11 +140,12 @@ class Loop(StepFunctions):
             (x, y, sample_weight), validation_data = parts.train_validation_split(
                 (x, y, sample_weight), validation_split
             )
-        validation = _Validation.of(
-            validation_data, batch_size=validation_batch_size or batch_size, steps=validation_steps, options=options
-        )
+        sets = validation_sets(
+            validation_data, batch_size=validation_batch_size, steps=validation_steps, fit_batch_size=batch_size,
+            validation_split=validation_split, output_names=_several_output_names(self),
+        )  # fmt: skip
         # validation_freq=Steps(N): validation after every N-th step (custom_fit._trainer.validation).
-        schedule = ValidationSchedule.for_fit(validation_freq, validates=validation is not None)
+        schedule = ValidationSchedule.for_fit(validation_freq, validates=bool(sets))
         progress = Progress(data=EpochPosition())
         call = LoopCall("fit", progress=progress)
         # The loop asks the plan how many steps each execution fuses and tells it what ran.
@@ -171,7 +173,7 @@ class Loop(StepFunctions):
                 callbacks, add_history=True, verbose=verbose, epochs=epochs, steps=epoch_iterator.num_batches
             )
             hand_to_callbacks(progress, callbacks)
-            run = _FitRun(self, call, callbacks, plan, schedule, validation, validation_freq)
+            run = _FitRun(self, call, callbacks, plan, schedule, _Validation(sets, options), validation_freq)
             self.stop_training = False
             self.make_train_function()
             parts.reset_counter(self, "fit")
@@ -287,10 +289,11 @@ class Loop(StepFunctions):
         use_fit_validation = parts.pop_fit_validation(kwargs)  # fit's validation
         options = parts.data_options(kwargs, "evaluate")  # Keras 2: max_queue_size, workers, use_multiprocessing
         fit_calls = [call for call in state_of(self).loop_calls if call.kind == "fit"]
+        validating = fit_calls[-1] if use_fit_validation and fit_calls else None  # fit's call, when it validates
         owned = contextlib.ExitStack()  # closes an epoch iterator made here, not fit's validation one
         with owned, self._running(LoopCall("evaluate")), parts.call_scope(self, "evaluate"):
-            if use_fit_validation and fit_calls and fit_calls[-1].validation is not None:
-                epoch_iterator = fit_calls[-1].validation
+            if validating is not None and validating.validation is not None:
+                epoch_iterator = validating.validation
             else:
                 epoch_iterator = owned.enter_context(
                     self._epoch_iterator(
@@ -310,7 +313,8 @@ class Loop(StepFunctions):
             logs, stepped = self._run_epoch(epoch_iterator, callbacks, logs={})
             epoch_iterator.epochs_done()
             logs = parts.evaluation_logs(parts.epoch_logs(self, logs, returned=stepped))
-            callbacks.on_test_end(logs)
+            # A named validation set's values reach on_test_end under its name (MLflow logs them there).
+            callbacks.on_test_end(named_logs(validating.validation_name if validating else None, logs))
         if return_dict:
             return logs
         return parts.flat_logs(self, logs)
@@ -401,22 +405,16 @@ class Loop(StepFunctions):
 
 @dataclasses.dataclass
 class _Validation:
-    """``fit``'s validation data and how each run reads it."""
+    """``fit``'s validation sets (none: it does not validate) and the data options each run passes on."""
 
-    x: Any
-    y: Any
-    sample_weight: Any
-    batch_size: int | None
-    steps: int | None
+    sets: list[ValidationSet]
     options: dict[str, Any]
 
-    @classmethod
-    def of(cls, data: Any, *, batch_size: int | None, steps: int | None, options: dict[str, Any]) -> _Validation | None:
-        """``fit(validation_data=data)``'s, or ``None`` if ``fit`` does not validate (the Keras in use decides)."""
-        if not _compat.loop.has_validation_data(data):
-            return None
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        return cls(x, y, sample_weight, batch_size, steps, options)
+
+def _several_output_names(model: Any) -> list[str] | None:
+    """The model's output names where it has several (their metrics are named after them), else ``None``."""
+    names = getattr(model, "output_names", None)
+    return list(names) if names and len(names) > 1 else None
 
 
 class _FitRun:
@@ -434,7 +432,7 @@ class _FitRun:
         callbacks: Any,
         plan: ExecutionPlan,
         schedule: ValidationSchedule | None,
-        validation: _Validation | None,
+        validation: _Validation,
         validation_freq: Any,
     ) -> None:
         assert call.progress is not None  # fit's call has one
@@ -463,25 +461,52 @@ class _FitRun:
         """``on_epoch_end``, after the epoch's validation if it validates; returns the logs the callbacks got."""
         if self.schedule is not None:  # the runs inside the epoch reached the monitors already
             return epoch_end(self.callbacks, epoch, epoch_logs, self.progress.validation_logs)
-        if self.validation is not None and _compat.loop.validates_after(self.model, epoch, self.validation_freq):
+        if self.validation.sets and _compat.loop.validates_after(self.model, epoch, self.validation_freq):
             epoch_logs.update(self.validate())
         self.callbacks.on_epoch_end(epoch, epoch_logs)
         return epoch_logs
 
     def validate(self) -> dict[str, Any]:
-        """One validation run: ``evaluate`` on the validation data with ``fit``'s callbacks; its logs ``val_``-named."""
-        data = self.validation
-        assert data is not None  # only a fit that validates runs one
-        if self.call.validation is None:  # made at the first run, kept until fit ends
-            self.call.validation = self.model._epoch_iterator(
-                x=data.x, y=data.y, sample_weight=data.sample_weight, batch_size=data.batch_size,
-                steps_per_epoch=data.steps, **data.options,
-            )  # fmt: skip
-        val_logs = self.model.evaluate(
-            x=data.x, y=data.y, sample_weight=data.sample_weight, batch_size=data.batch_size, steps=data.steps,
-            callbacks=self.callbacks, return_dict=True, **data.options, **_compat.loop.FIT_VALIDATION_KWARGS,
-        )  # fmt: skip
-        return {f"val_{name}": value for name, value in val_logs.items()}
+        """One validation run: ``evaluate`` on each validation set with ``fit``'s callbacks; their logs ``val_``-named.
+
+        Raises:
+            ValueError: Two sets logged a value under the same name.
+        """
+        val_logs: dict[str, Any] = {}
+        for index, data in enumerate(self.validation.sets):
+            if index not in self.call.validation_iterators:  # made at the set's first run, kept until fit ends
+                self.call.validation_iterators[index] = self.model._epoch_iterator(
+                    x=data.x, y=data.y, sample_weight=data.sample_weight, batch_size=data.batch_size,
+                    steps_per_epoch=data.steps, **self.validation.options,
+                )  # fmt: skip
+            # What evaluate reads, and the name its on_test_end logs carry.
+            self.call.validation, self.call.validation_name = self.call.validation_iterators[index], data.name
+            try:
+                evaluated = self.model.evaluate(
+                    x=data.x, y=data.y, sample_weight=data.sample_weight, batch_size=data.batch_size,
+                    steps=data.steps, callbacks=self.callbacks, return_dict=True, **self.validation.options,
+                    **_compat.loop.FIT_VALIDATION_KWARGS,
+                )  # fmt: skip
+            except Exception as error:
+                if data.name is not None:
+                    error.add_note(f"(custom_fit: while fit validated on the validation set {data.name!r})")
+                raise
+            logs = data.logs(evaluated)
+            _check_no_name_twice(val_logs, logs, data.name)
+            val_logs.update(logs)
+        return val_logs
+
+
+def _check_no_name_twice(earlier: dict[str, Any], logs: dict[str, Any], name: str | None) -> None:
+    """Raises if the set ``name`` logs a value under a name an earlier set of the run used."""
+    twice = sorted(set(earlier) & set(logs))
+    if twice:
+        raise ValueError(
+            f"fit(validation_data=dict): the validation set {name!r} logs {', '.join(twice)}, which an earlier "
+            "set logged in the same run (a metric's name begins with the rest of a longer set name). Expected each "
+            "set's values under names of their own. Fix: rename the set so that no set's name is another's "
+            "followed by '_'."
+        )
 
 
 for _method in (Loop.fit, Loop.evaluate, Loop.predict):

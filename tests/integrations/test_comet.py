@@ -35,7 +35,12 @@ from tests.integrations.harness import BASES, DATA, build, fit
 
 mode, folder = sys.argv[1:]
 records = {}
+# "named": CustomModel only, validating on two named sets (plain Keras takes one).
+halves = {"first": (DATA["x_val"][:8], DATA["y_val"][:8]), "second": (DATA["x_val"][8:], DATA["y_val"][8:])}
+validation_data = halves if mode == "named" else (DATA["x_val"], DATA["y_val"])
 for name, base in BASES.items():
+    if mode == "named" and name != "CustomModel":
+        continue
     os.makedirs(os.path.join(folder, name))
     experiment = comet_ml.OfflineExperiment(
         offline_directory=os.path.join(folder, name), project_name="custom-fit", display_summary_level=0,
@@ -43,7 +48,7 @@ for name, base in BASES.items():
     )
     model = build(base)
     callbacks = [experiment.get_callback("tf-keras" if custom_fit.KERAS_2 else "keras")] if mode == "callback" else []
-    history = fit(model, epochs=2, validation_data=(DATA["x_val"], DATA["y_val"]), callbacks=callbacks)
+    history = fit(model, epochs=2, validation_data=validation_data, callbacks=callbacks)
     experiment.end()
     (archive,) = glob.glob(os.path.join(folder, name, "*.zip"))
     with zipfile.ZipFile(archive) as files:
@@ -100,3 +105,15 @@ def test_comets_callback_records_both_alike_and_on_keras_2_auto_logging_records_
     if custom_fit.KERAS_2:
         automatic = comet_records("auto", tmp_path / "auto")
         assert automatic["CustomModel"]["metrics"] == automatic["keras.Model"]["metrics"] == []
+
+
+@pytest.mark.keras3  # Comet hooks the keras package only
+def test_comet_auto_logging_records_each_named_validation_set(tmp_path):
+    custom = comet_records("named", tmp_path)["CustomModel"]
+    for name in ("first", "second"):
+        logged = [
+            value
+            for metric, _, _, value in sorted(custom["metrics"], key=lambda m: m[2] or 0)
+            if metric == f"val_{name}_loss"
+        ]
+        assert logged == custom["history"][f"val_{name}_loss"]

@@ -277,6 +277,24 @@ def test_steps_validation_runs_are_logged_each_when_it_ends_and_each_epoch_with_
     assert record["params"]["validation_freq"] == "Steps(every=3)"
 
 
+def test_named_validation_sets_are_logged_each_under_its_name(tracking):
+    """Two named validation sets, Steps(3): MLflow logs ``validation_<set>_*`` at each run's end and
+    ``val_<set>_*`` at each epoch's end, each set's values apart, as the History keeps them."""
+    mlflow.tensorflow.autolog(log_models=False, log_datasets=False)
+    model = build(custom_fit.CustomModel)
+    halves = {"first": (DATA["x_val"][:8], DATA["y_val"][:8]), "second": (DATA["x_val"][8:], DATA["y_val"][8:])}
+    history = fit(model, epochs=2, validation_data=halves, validation_freq=custom_fit.Steps(3)).history
+    record = recorded(tracking, mlflow.last_active_run().info.run_id)
+    assert history["val_step"] == [3, 6, 9, 12]
+    for name in ("first", "second"):
+        logged = [value for _, value in record["metrics"][f"validation_{name}_loss"]]
+        assert logged == pytest.approx(history[f"val_{name}_loss"], rel=1e-7)
+        assert [value for _, value in record["metrics"][f"val_{name}_loss"]] == pytest.approx(
+            [history[f"val_{name}_loss"][1], history[f"val_{name}_loss"][3]], rel=1e-7
+        )
+    assert "validation_loss" not in record["metrics"]  # no set's values under another's name
+
+
 def test_named_optimizers_and_the_gan_log_each_optimizers_parameters(tracking):
     """MLflow's callback logs ``model.optimizer.get_config()``: for named optimizers, the group's, whose
     ``optimizer_optimizers`` holds each member's configuration (class, learning rate, ...)."""
