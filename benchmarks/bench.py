@@ -530,7 +530,7 @@ ACCUMULATION = "gradient accumulation (the mlp, Adam, the same updates)"
 
 
 def validation_every_n_steps(n: int, batch: int = 32) -> Workload:
-    """What ``validation_freq=custom_fit.Steps(N)`` costs against Keras' epoch validation, with the same runs.
+    """What ``validation_freq=custom_fit.Steps(N)`` and named validation sets cost, with the same runs.
 
     A run is 4 epochs over ``n / 4`` examples (one ``fit`` call) validated 4
     times on ``n / 4`` examples: at each epoch's end (``validation_freq=1``),
@@ -538,30 +538,38 @@ def validation_every_n_steps(n: int, batch: int = 32) -> Workload:
     and the same work, so the ratio is what the mechanism adds (each run
     happens at the end of the epoch's last execution, inside the epoch: the
     training metrics are kept across it, the monitors get it as an epoch end,
-    the other callbacks the data's epoch end).
+    the other callbacks the data's epoch end). A third variant validates the
+    same examples as two named sets of half the size: what a second set costs
+    (one more ``evaluate`` per run, on half the batches).
     """
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(n, 16)).astype("float32"), rng.integers(0, 10, n).astype("int32")
     quarter = n // 4
     validation = (x[:quarter], y[:quarter])
+    eighth = quarter // 2
+    halves = {"first": (x[:eighth], y[:eighth]), "second": (x[eighth:quarter], y[eighth:quarter])}
     every = custom_fit.Steps(quarter // batch)
 
-    def builder(validation_freq: Any) -> Builder:
+    def builder(validation_freq: Any, validation_data: Any = validation) -> Builder:
         def make() -> Run:
             keras.utils.set_random_seed(0)
             model = small_mlp(custom_fit.CustomModel)
             model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
             return lambda: model.fit(
                 x[:quarter], y[:quarter], batch_size=batch, epochs=4, verbose=0, shuffle=False,
-                validation_data=validation, validation_freq=validation_freq,
+                validation_data=validation_data, validation_freq=validation_freq,
             )  # fmt: skip
 
         return make
 
     epochs_variant = "CustomModel.fit, validation_freq=1"
     steps_variant = f"CustomModel.fit, validation_freq=custom_fit.Steps({every.every})"
-    builders = {epochs_variant: builder(1), steps_variant: builder(every)}
-    gains = [("Steps(N), the same runs", steps_variant, epochs_variant)]
+    named_variant = f"{steps_variant}, two named validation sets of half the size"
+    builders = {epochs_variant: builder(1), steps_variant: builder(every), named_variant: builder(every, halves)}
+    gains = [
+        ("Steps(N), the same runs", steps_variant, epochs_variant),
+        ("two named sets / one set of the same size", named_variant, steps_variant),
+    ]
     return Workload(VALIDATION, n, epochs_variant, None, builders, gains)
 
 

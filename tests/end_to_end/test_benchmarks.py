@@ -114,7 +114,7 @@ def test_quick_benchmark_writes_consistent_results(tmp_path):
             if name in CONTRACT
             else {"tensors to the progress bar"}
             if name == bench.PROGBAR
-            else {"Steps(N), the same runs"}
+            else {"Steps(N), the same runs", "two named sets / one set of the same size"}
             if name == bench.VALIDATION
             else {"accumulation (vs one large batch)"}
             if name == bench.ACCUMULATION
