@@ -38,15 +38,17 @@ def test_a_running_fit_is_on_the_models_stack_of_calls_until_it_returns():
     assert state_of(model).loop_calls == []
 
 
-def test_a_loop_call_closes_its_validation_iterator_once_and_is_equal_only_to_itself():
+def test_a_loop_call_closes_each_validation_sets_iterator_once_and_is_equal_only_to_itself():
     class Iterator:
         closed = 0
 
         def close(self):
             Iterator.closed += 1
 
-    call = LoopCall("fit", validation=Iterator())
+    first, second = Iterator(), Iterator()
+    call = LoopCall("fit", validation=second, validation_name="hard", validation_iterators={0: first, 1: second})
     call.close_validation()
     call.close_validation()
-    assert Iterator.closed == 1 and call.validation is None
+    assert Iterator.closed == 2 and call.validation is None and call.validation_name is None
+    assert call.validation_iterators == {}
     assert call != LoopCall("fit") and call == call

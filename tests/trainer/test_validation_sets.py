@@ -139,6 +139,8 @@ def test_a_monitor_of_a_sets_loss_needs_its_mode_on_keras_3_as_for_an_outputs() 
 
 def test_monitors_checkpoints_csv_and_the_progress_bar_see_each_set(tmp_path: Any, capsys: Any) -> None:
     stopper = keras.callbacks.EarlyStopping(monitor="val_hard_loss", patience=0, mode="max")  # stops at run 2
+    # Halves the learning rate where val_hard_loss does not rise: at the same run.
+    plateau = keras.callbacks.ReduceLROnPlateau(monitor="val_hard_loss", mode="max", patience=0, factor=0.5)
     checkpoint = keras.callbacks.ModelCheckpoint(
         str(tmp_path / "run-{epoch}-{val_hard_loss:.4f}.weights.h5"),
         monitor="val_easy_loss",
@@ -146,11 +148,14 @@ def test_monitors_checkpoints_csv_and_the_progress_bar_see_each_set(tmp_path: An
         save_weights_only=True,
     )
     log = tmp_path / "log.csv"
-    history = model().fit(
+    fitted = model()
+    history = fitted.fit(
         X, Y, batch_size=8, epochs=5, verbose=2, shuffle=False, validation_data={"easy": EASY, "hard": HARD},
-        callbacks=[stopper, checkpoint, keras.callbacks.CSVLogger(str(log))],
+        callbacks=[stopper, plateau, checkpoint, keras.callbacks.CSVLogger(str(log))],
     )  # fmt: skip
     assert len(history.history["loss"]) == 2  # val_hard_loss fell at the second epoch: "max" stops
+    assert history.history["val_hard_loss"][1] < history.history["val_hard_loss"][0]
+    assert float(np.asarray(fitted.optimizer.learning_rate)) == pytest.approx(0.0005)
     saved = sorted(path.name for path in tmp_path.glob("run-*.weights.h5"))
     assert saved == [
         f"run-{epoch + 1}-{value:.4f}.weights.h5" for epoch, value in enumerate(history.history["val_hard_loss"])
