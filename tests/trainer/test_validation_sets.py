@@ -269,3 +269,15 @@ def test_set_names_that_would_share_log_names_with_an_output_are_refused() -> No
     data = (X, {"b": np.ones((48, 1)), "c": np.ones((48, 1))})
     with pytest.raises(ValueError, match=r"the sets 'a' and 'a_b' would log values under the same names"):
         built.fit(*data, verbose=0, validation_data={"a": data, "a_b": data})
+
+
+def test_a_metric_name_that_makes_two_sets_log_one_name_stops_fit_at_the_first_run() -> None:
+    """Set "a" logs its metric "b_loss" as val_a_b_loss, set "a_b" its loss as the same: no value overwritten."""
+    built = model()
+    built.compile(
+        optimizer="adam",
+        loss="sparse_categorical_crossentropy",
+        metrics=[keras.metrics.SparseCategoricalCrossentropy(name="b_loss")],
+    )
+    with pytest.raises(ValueError, match=r"the validation set 'a_b' logs val_a_b_loss, which an earlier set logged"):
+        built.fit(X, Y, batch_size=8, verbose=0, validation_data={"a": EASY, "a_b": HARD})
