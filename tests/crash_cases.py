@@ -104,6 +104,19 @@ class Pace(keras.callbacks.Callback):
         time.sleep(STEP_SECONDS)
 
 
+class Interrupt(keras.callbacks.Callback):
+    """Stops ``fit`` with an exception after ``steps`` training steps (a crash, in-process)."""
+
+    def __init__(self, steps: int):
+        super().__init__()
+        self.steps, self.seen = steps, 0
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        self.seen += 1
+        if self.seen == self.steps:
+            raise KeyboardInterrupt
+
+
 # --------------------------------------------------------------------------
 # Data
 # --------------------------------------------------------------------------

@@ -110,19 +110,6 @@ def _small_model(**compile_kwargs: Any) -> keras.Model:
     return model
 
 
-class _Interrupt(keras.callbacks.Callback):
-    """Stops ``fit`` with an exception after ``steps`` training steps (a crash, in-process)."""
-
-    def __init__(self, steps: int):
-        super().__init__()
-        self.steps, self.seen = steps, 0
-
-    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-        self.seen += 1
-        if self.seen == self.steps:
-            raise KeyboardInterrupt
-
-
 def test_an_unbuilt_model_cannot_load_a_backup(tmp_path: Path) -> None:
     x, y = np.zeros((8, 2)), np.zeros((8, 1))
     backup = custom_fit.BackupAndRestore(tmp_path, delete_checkpoint=False)
@@ -137,7 +124,7 @@ def test_a_backup_of_other_metrics_is_refused(tmp_path: Path) -> None:
     x, y = np.zeros((16, 2)), np.zeros((16, 1))
     backup = custom_fit.BackupAndRestore(tmp_path, save_freq=2)
     with pytest.raises(KeyboardInterrupt):
-        _small_model().fit(x, y, batch_size=2, callbacks=[backup, _Interrupt(5)], verbose=0)
+        _small_model().fit(x, y, batch_size=2, callbacks=[backup, crash_cases.Interrupt(5)], verbose=0)
     other = _small_model(metrics=["mae", "mse"])
     with pytest.raises(ValueError, match="holds metrics of another model: expected variables of shapes"):
         other.fit(x, y, batch_size=2, callbacks=[custom_fit.BackupAndRestore(tmp_path, save_freq=2)], verbose=0)
@@ -156,7 +143,7 @@ def _fit(
     model = build()
     callbacks: list[Any] = [custom_fit.BackupAndRestore(backup_dir, save_freq=save_freq, **backup)]
     if interrupt_at is not None:
-        callbacks.append(_Interrupt(interrupt_at))
+        callbacks.append(crash_cases.Interrupt(interrupt_at))
     try:
         history = model.fit(**inputs(), epochs=3, verbose=0, callbacks=callbacks)
     except KeyboardInterrupt:
@@ -265,7 +252,7 @@ def test_training_goes_on_while_a_backup_is_written_and_the_result_is_the_same(t
     callbacks = [
         custom_fit.BackupAndRestore(store.directory, 5, store=store, delete_checkpoint=False),
         keras.callbacks.LambdaCallback(on_train_batch_end=store.on_train_batch_end),
-        _Interrupt(13),
+        crash_cases.Interrupt(13),
     ]
     with pytest.raises(KeyboardInterrupt):
         model.fit(**crash_cases.INPUTS["arrays"](), epochs=3, verbose=0, callbacks=callbacks)
@@ -399,7 +386,7 @@ def test_max_to_keep_backups_stay_and_a_damaged_one_is_removed_by_the_next_write
     _, run = _interrupted_with_two_backups(tmp_path)
     _flip_a_bit(run / "backup-1" / "state.npz")
     model = _resumable_model()
-    callbacks = [custom_fit.BackupAndRestore(run, 5, max_to_keep=3, delete_checkpoint=False), _Interrupt(6)]
+    callbacks = [custom_fit.BackupAndRestore(run, 5, max_to_keep=3, delete_checkpoint=False), crash_cases.Interrupt(6)]
     with pytest.warns(custom_fit.DamagedBackupWarning), pytest.raises(KeyboardInterrupt):
         model.fit(**crash_cases.INPUTS["arrays"](), epochs=3, verbose=0, callbacks=callbacks)
     # Resumed at step 5, stopped after step 11: the backup after step 10 (backup-2) removed the damaged backup-1.

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 import custom_fit
 from custom_fit import keras
+from tests import crash_cases
 
 RNG = np.random.default_rng(0)
 X, Y = RNG.normal(size=(48, 4)).astype("float32"), RNG.integers(0, 3, 48).astype("int32")
@@ -180,19 +181,6 @@ def test_tensorboard_writes_each_set_to_the_validation_writer(tmp_path: Any) -> 
     assert {"epoch_easy_loss", "epoch_hard_loss", "epoch_easy_accuracy"} <= tags
 
 
-class _Interrupt(keras.callbacks.Callback):
-    """Stops ``fit`` with an exception after ``steps`` training steps (a crash, in-process)."""
-
-    def __init__(self, steps: int):
-        super().__init__()
-        self.steps, self.seen = steps, 0
-
-    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-        self.seen += 1
-        if self.seen == self.steps:
-            raise KeyboardInterrupt
-
-
 def test_a_resumed_fit_validates_each_set_as_the_uninterrupted_one(tmp_path: Any) -> None:
     """12 steps, Steps(4), a backup every 5 steps; stopped after step 9: the restart trains from step 6.
 
@@ -212,7 +200,7 @@ def test_a_resumed_fit_validates_each_set_as_the_uninterrupted_one(tmp_path: Any
     resumed_model = model()
     backup = lambda: custom_fit.BackupAndRestore(tmp_path, save_freq=5, write_in_background=False)  # noqa: E731
     with pytest.raises(KeyboardInterrupt):
-        fit([backup(), _Interrupt(9)], resumed_model)
+        fit([backup(), crash_cases.Interrupt(9)], resumed_model)
     resumed = fit([backup()], resumed_model)
     assert resumed.history["val_step"] == [8, 12]
     for name in ("val_easy_loss", "val_easy_accuracy", "val_hard_loss", "val_hard_accuracy"):
