@@ -141,10 +141,9 @@ class GradientPath:
                 _map_values(g, lambda t: tf.where(finite, t, tf.constant(float("nan"), t.dtype))) for g in gradients
             ]
             grads_and_vars = list(zip(gradients, [v for _, v in grads_and_vars], strict=True))
-        with version.gradients_already_summed(optimizer) if self.summed else contextlib.nullcontext():
-            # An accumulating optimizer's update is conditional (every N-th step): under several
-            # replicas it runs in one merge_call (docs/scaling.md, "Gradient accumulation").
-            version.apply_gradients(optimizer, list(grads_and_vars), summed=self.summed)
+        # Not summed again; an accumulating optimizer's update is conditional (every N-th step): under
+        # several replicas it runs in one merge_call (docs/scaling.md, "Gradient accumulation").
+        version.apply_gradients(optimizer, list(grads_and_vars), summed=self.summed)
 
     def check_handed_over(self, model: Any) -> None:
         """Raises if an ``apply_gradients`` override applied the gradients without :meth:`apply`.

@@ -234,7 +234,45 @@ def mirrored_clipping():
             "keras_vs_single": max_delta(single, keras_mirrored),
         }
     results["optimizer_methods_left_after_fit"] = sorted(leftovers)
+    if custom_fit.KERAS_2:
+        results["overrides"] = apply_gradients_overrides(strategy)
     return results
+
+
+def apply_gradients_overrides(strategy):
+    """Keras 2: optimizer subclasses that override ``apply_gradients``, under the strategy.
+
+    custom_fit tells tf_keras' optimizers not to sum the (summed) gradients again with their own
+    argument, which an override must take (or ``**kwargs``) and pass on.
+    """
+    import custom_fit
+    from custom_fit import keras
+    from tests.parity import max_delta
+
+    class PassesKwargsOn(keras.optimizers.SGD):
+        def apply_gradients(self, grads_and_vars, **kwargs):
+            return super().apply_gradients(grads_and_vars, **kwargs)
+
+    class TakesNoKwargs(keras.optimizers.SGD):
+        def apply_gradients(self, grads_and_vars):
+            return super().apply_gradients(grads_and_vars)
+
+    def fit_with(optimizer_class, strategy_):
+        kwargs = dict(compile_kwargs("base"), optimizer=optimizer_class(0.5))
+        d = data()
+        keras.utils.set_random_seed(SEED)
+        with strategy_.scope() if strategy_ else tf.distribute.get_strategy().scope():
+            model = build(custom_fit.CustomModel, "base")
+            model.compile(**kwargs)
+        model.fit(d["x"], d["y"], batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=0)
+        return [w.tolist() for w in model.get_weights()]
+
+    single = fit_with(keras.optimizers.SGD, None)
+    passes = attempt(lambda: fit_with(PassesKwargsOn, strategy))
+    return {
+        "passes_kwargs_on_vs_single": max_delta(single, passes["ok"]) if "ok" in passes else short_error(passes),
+        "takes_no_kwargs": short_error(attempt(lambda: fit_with(TakesNoKwargs, strategy))),
+    }
 
 
 @contextlib.contextmanager

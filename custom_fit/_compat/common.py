@@ -45,7 +45,6 @@ __all__ = [
     "set_untracked",
     "shared_while_inside",
     "sharing_registered_names",
-    "skippable_aggregation",
     "unbuilt_sub_layers",
     "validates_after",
     "variable_names_without_model",
@@ -494,34 +493,6 @@ def shared_while_inside(
                     uninstall(obj, installed)
 
     return while_inside
-
-
-def skippable_aggregation(method: str) -> Callable[[Any], contextlib.AbstractContextManager[None]]:
-    """A context manager factory that makes an optimizer's ``method`` pass gradients through.
-
-    Keras optimizers sum gradients across replicas in one method (``method``;
-    its name differs between Keras versions). When the caller has summed them
-    already (to transform or clip the global gradient), that second sum must
-    not run. Keras offers no switch for it (tf_keras' ``apply_gradients``
-    has ``skip_gradients_aggregation``, but a step's own ``apply_gradients``
-    override would not pass it on), so ``method`` is replaced on the
-    optimizer instance while the context lasts, and Keras' own is back when
-    it ends (:func:`shared_while_inside`: the replica threads meet in the
-    update's ``merge_call`` before any of them leaves).
-    """
-
-    def pass_through(grads_and_vars: Any) -> list[Any]:
-        return list(grads_and_vars)
-
-    while_inside = shared_while_inside(
-        lambda inner: object.__setattr__(inner, method, pass_through),  # untracked: not optimizer state
-        lambda inner, _: object.__delattr__(inner, method),  # Keras' own method again
-    )
-
-    def gradients_already_summed(optimizer: Any) -> contextlib.AbstractContextManager[None]:
-        return while_inside(getattr(optimizer, "inner_optimizer", optimizer))  # LossScaleOptimizer: its inner
-
-    return gradients_already_summed
 
 
 def loss_scaling(loss_scale_optimizer: type, wrap: Callable[[Any], Any]) -> Callable[[Any, Any], Any]:

@@ -188,9 +188,6 @@ class KerasVersion(Protocol):
     def sum_across_replicas(self, context: Any, optimizer: KerasObject, grads_and_vars: list[Any]) -> list[Any]:
         """The gradients summed across replicas."""
 
-    def gradients_already_summed(self, optimizer: KerasObject) -> contextlib.AbstractContextManager[None]:
-        """While it lasts, ``optimizer.apply_gradients`` does not sum the gradients across replicas again."""
-
     def accumulation_steps(self, optimizer: KerasObject) -> int:
         """How many steps' gradients ``optimizer`` accumulates per update (1: it updates every step)."""
 
@@ -198,7 +195,8 @@ class KerasVersion(Protocol):
         """``compile(gradient_accumulation_steps=steps)`` for ``optimizer`` (before it is built)."""
 
     def apply_gradients(self, optimizer: KerasObject, grads_and_vars: list[Any], *, summed: bool) -> None:
-        """``optimizer.apply_gradients``, accumulating where asked (``summed``: the replicas' sum, equal on each)."""
+        """``optimizer.apply_gradients``, accumulating where asked; ``summed``: the replicas' sum, equal on each,
+        which the optimizer must not sum again."""
 
     def wrap_for_loss_scaling(self, optimizer: KerasObject, name: str) -> KerasObject:
         """``optimizer`` in a dynamic ``LossScaleOptimizer``."""

@@ -29,11 +29,13 @@ option means the same on both Kerases:
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import weakref
 from typing import Any
 
 import tensorflow as tf
 from tf_keras.src.mixed_precision import loss_scale_optimizer as _lso
+from tf_keras.src.optimizers import optimizer as _optimizer
 from tf_keras.src.optimizers.legacy import optimizer_v2 as _optimizer_v2
 
 from custom_fit._compat.common import in_one_merge_call, shared_while_inside
@@ -108,22 +110,57 @@ def build_accumulators(optimizer: Any, variables: list[Any]) -> None:
 def apply_gradients(optimizer: Any, grads_and_vars: list[Any], *, summed: bool) -> None:
     """``optimizer.apply_gradients(grads_and_vars)``, accumulating where ``compile`` asked for it.
 
+    ``summed``: the gradients are the replicas' sum already, so the optimizer
+    gets Keras' own argument that skips its sum (:func:`_without_second_sum`).
     Accumulating, it makes one ``merge_call`` whether or not the gradients
-    are a sum over several replicas (``summed``; without a strategy the
-    default one's runs the update as it is). A ``LossScaleOptimizer`` runs as usual (its finite check, its loss scale,
-    its own ``merge_call``) with its inner optimizer's ``apply_gradients``
-    accumulating while it runs; it calls that only on a finite step.
+    are a sum over several replicas (without a strategy the default one's
+    runs the update as it is). A ``LossScaleOptimizer`` runs as usual (its
+    finite check, its loss scale, its own ``merge_call``) with its inner
+    optimizer's ``apply_gradients`` accumulating while it runs; it calls that
+    only on a finite step.
     """
     inner = _inner(optimizer)
     accumulation = _ACCUMULATIONS.get(inner)
+    once = _without_second_sum(optimizer) if summed else {}
     if accumulation is None:
-        optimizer.apply_gradients(grads_and_vars)
+        optimizer.apply_gradients(grads_and_vars, **once)
         return
     if inner is optimizer:
         _accumulate(inner, accumulation, grads_and_vars)
         return
     with _accumulating_below(inner):
-        optimizer.apply_gradients(grads_and_vars)
+        optimizer.apply_gradients(grads_and_vars, **once)
+
+
+def _without_second_sum(optimizer: Any) -> dict[str, bool]:
+    """The keyword argument of ``optimizer.apply_gradients`` that skips its sum over replicas.
+
+    tf_keras' optimizers sum the gradients across replicas in
+    ``apply_gradients`` unless told not to, each kind with its own argument
+    (a ``LossScaleOptimizer`` takes its inner one's and passes it on). A
+    ``tf.compat.v1`` optimizer (``TFOptimizer``) takes none: ``{}``.
+
+    Raises:
+        TypeError: ``optimizer``'s class overrides ``apply_gradients`` without
+            that argument or ``**kwargs`` (it could not pass it on).
+    """
+    inner = _inner(optimizer)
+    if isinstance(inner, _optimizer_v2.OptimizerV2):
+        keyword, value = "experimental_aggregate_gradients", False
+    elif isinstance(inner, _optimizer.Optimizer):
+        keyword, value = "skip_gradients_aggregation", True
+    else:
+        return {}
+    parameters = inspect.signature(type(optimizer).apply_gradients).parameters.values()
+    if not any(p.name == keyword or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        raise TypeError(
+            f"{type(optimizer).__name__}.apply_gradients() takes no `{keyword}` argument. Expected it, or "
+            f"**kwargs passed on to super().apply_gradients(): the gradients are summed over replicas already "
+            f"(the gradient contract) and tf_keras' argument is how the optimizer is told not to sum them again "
+            f"(received an override without it). Fix: define `apply_gradients(self, grads_and_vars, **kwargs)` "
+            f"and pass the kwargs on."
+        )
+    return {keyword: value}
 
 
 def _install(inner: Any) -> None:
@@ -135,6 +172,13 @@ def _install(inner: Any) -> None:
 
 #: ``with _accumulating_below(inner):`` the inner optimizer's ``apply_gradients`` accumulates, for the
 #: loss-scale optimizer above it (installed once while the replica threads trace the step).
+#:
+#: A swap kept on purpose (tests/end_to_end/test_layout.py lists it): tf_keras' ``LossScaleOptimizer``
+#: calls its inner optimizer's ``apply_gradients`` from its own cross-replica branch, only on a
+#: finite step and after its loss scale saw the step. Not swapping means either a copy of that
+#: branch (its private loss-scale state and ``_UnwrapPreventer``, both ``LossScaleOptimizer``
+#: kinds), or accumulating above it, where a skipped step would count towards N and the loss scale
+#: would see one step in N (Keras 3 accumulates below it: the meaning the option has on both).
 _accumulating_below = shared_while_inside(_install, lambda inner, _: object.__delattr__(inner, "apply_gradients"))
 
 
@@ -148,11 +192,7 @@ def _accumulate(optimizer: Any, accumulation: _Accumulators, grads_and_vars: lis
     steps = accumulation.steps
     apply = type(optimizer).apply_gradients  # the class' method: the instance's may be the patch above
     # Summed over replicas already (or one replica), and tf_keras' sum needs a replica context.
-    no_second_sum = (
-        {"experimental_aggregate_gradients": False}
-        if isinstance(optimizer, _optimizer_v2.OptimizerV2)
-        else {"skip_gradients_aggregation": True}
-    )
+    no_second_sum = _without_second_sum(optimizer)
 
     def update(gradients: list[Any]) -> None:
         dense = [tf.convert_to_tensor(g) for g in gradients]  # IndexedSlices: accumulated densely

@@ -43,7 +43,6 @@ from custom_fit._compat.common import (
     not_compiled_error,
     shared_while_inside,
     sharing_registered_names,
-    skippable_aggregation,
     variable_names_without_model,
 )
 from custom_fit._compat.keras2_idioms import with_keras2_api
@@ -73,7 +72,6 @@ __all__ = [
     "compute_loss_accepts_training",
     "counting_regularizer_calls",
     "finish_metrics_result",
-    "gradients_already_summed",
     "has_compiled_loss",
     "is_compiled",
     "is_functional_call",
@@ -431,9 +429,25 @@ def sum_across_replicas(context: Any, optimizer: Any, grads_and_vars: list[Any])
     return [(g, v) for g, (_, v) in zip(summed, grads_and_vars, strict=True)]
 
 
-#: ``with gradients_already_summed(optimizer):`` -- ``apply_gradients`` does not sum again
-#: (Keras 3 sums in ``_all_reduce_sum_gradients``, after clipping).
-gradients_already_summed = skippable_aggregation("_all_reduce_sum_gradients")
+def _pass_through(grads_and_vars: Any) -> list[Any]:
+    return list(grads_and_vars)
+
+
+#: ``with _gradients_already_summed(inner_optimizer):`` ``apply_gradients`` does not sum again.
+#:
+#: A swap kept on purpose (tests/end_to_end/test_layout.py lists it; docs/keras_internals.md,
+#: ``k3-all-reduce-sum``): Keras 3 sums in ``TFOptimizer._all_reduce_sum_gradients``, called by ``_backend_update_step``
+#: whenever a replica context exists, with no argument to skip it (3.8 to 3.16-dev, the
+#: hashes in internals.json); tf_keras has one and gets it (``keras2_accumulation``). The
+#: only other way not to sum is to update in cross-replica context, one ``merge_call`` per
+#: step, which needs a swap of its own (``in_one_merge_call``'s ``_use_merge_call``). So the
+#: method is replaced on the optimizer instance while the update is traced, and Keras' own is
+#: back after it (:func:`shared_while_inside`: the replica threads meet in the update's
+#: ``merge_call`` before any of them leaves).
+_gradients_already_summed = shared_while_inside(
+    lambda inner: object.__setattr__(inner, "_all_reduce_sum_gradients", _pass_through),  # untracked: not state
+    lambda inner, _: object.__delattr__(inner, "_all_reduce_sum_gradients"),  # Keras' own method again
+)
 
 
 def accumulation_steps(optimizer: Any) -> int:
@@ -470,9 +484,18 @@ def apply_gradients(optimizer: Any, grads_and_vars: list[Any], *, summed: bool) 
     (:func:`~custom_fit._compat.common.in_one_merge_call` says why and how); a
     ``LossScaleOptimizer`` refuses that context in ``apply``, so its own path
     for strategies that make no ``merge_call`` (``_common_apply``: the finite
-    check and its ``tf.cond``) runs there.
+    check and its ``tf.cond``) runs there. The optimizer does not sum
+    ``summed`` gradients again (:data:`_gradients_already_summed`).
     """
-    if not (summed and accumulation_steps(optimizer) > 1):
+    if not summed:
+        optimizer.apply_gradients(grads_and_vars)
+        return
+    with _gradients_already_summed(getattr(optimizer, "inner_optimizer", optimizer)):
+        _apply_summed(optimizer, grads_and_vars)
+
+
+def _apply_summed(optimizer: Any, grads_and_vars: list[Any]) -> None:
+    if accumulation_steps(optimizer) == 1:
         optimizer.apply_gradients(grads_and_vars)
         return
     pairs = [(g, v) for g, v in grads_and_vars if g is not None]  # as apply_gradients filters them
@@ -554,6 +577,9 @@ def _restore_regularizers(model: keras.Model, counters: dict[int, CountingCall])
 #: ``variable.regularizer`` when ``layer.losses`` is read; counting those calls while the step
 #: is traced tells whether the step computed it at all. The regularizers are Keras' own again
 #: when the context ends.
+#: A swap kept on purpose (tests/end_to_end/test_layout.py lists it): Keras records nothing when
+#: it computes a penalty, and in the traced graph the penalty's reads of a variable look like the
+#: forward pass's; without the count, a step that drops the penalties trains unregularized silently.
 counting_regularizer_calls = shared_while_inside(_count_regularizer_calls, _restore_regularizers)
 
 

@@ -9,7 +9,7 @@ first part is
 - a private module of the package, ``_`` and a lower-case letter, relative to the package:
   ``_compat.keras3.snapshot_weights``, ``_trainer.loop.Loop``, ``_backup_store.BackupStore``;
 - a module of ``custom_fit._compat`` by its own name, as the docs write them in ``_compat``'s
-  context: ``keras3_only.EpochIterator``, ``common.skippable_aggregation``;
+  context: ``keras3_only.EpochIterator``, ``common.in_one_merge_call``;
 - a class custom_fit defines: ``CustomModel.fit``, ``TrainerHooks._get_optimizer``,
   ``LazyCallbackList._batch_hook`` (every class of that name is tried).
 
