@@ -35,8 +35,7 @@ _ATTRIBUTE = "_custom_fit"
 class LoopCall:
     """One ``fit``, ``evaluate`` or ``predict`` call running on a model.
 
-    Keras 3 records every call (custom_fit runs the loop); Keras 2 records
-    ``fit`` (tf_keras runs the loop).
+    custom_fit's loop records every call, on both Kerases.
 
     Attributes:
         kind: The method.

@@ -58,7 +58,7 @@ from custom_fit._compat.common import report_execution
 from custom_fit._state import LoopCall, state_of
 from custom_fit._tool_wrappers import runs_tool_wrappers
 from custom_fit._trainer.callbacks import LazyCallbackList
-from custom_fit._trainer.progress import EpochPosition, Progress, hand_to_callbacks
+from custom_fit._trainer.progress import Progress, hand_to_callbacks
 from custom_fit._trainer.step_functions import StepFunctions
 from custom_fit._trainer.step_fusion import ExecutionPlan, FixedPlan
 from custom_fit._trainer.validation import Steps, ValidationSchedule, epoch_end, keeping_training_metrics, run_end
@@ -146,7 +146,7 @@ class Loop(StepFunctions):
         )  # fmt: skip
         # validation_freq=Steps(N): validation after every N-th step (custom_fit._trainer.validation).
         schedule = ValidationSchedule.for_fit(validation_freq, validates=bool(sets))
-        progress = Progress(data=EpochPosition())
+        progress = Progress()
         call = LoopCall("fit", progress=progress)
         # The loop asks the plan how many steps each execution fuses and tells it what ran.
         fixed = self._fixed_steps_per_execution()

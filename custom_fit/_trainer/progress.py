@@ -6,11 +6,12 @@ step) and hands to the callbacks that take it (``set_progress``, as Keras
 hands the model with ``set_model``). :class:`custom_fit.BackupAndRestore`
 writes its :meth:`~Progress.state_dict` into each backup and loads a backup's
 with :meth:`~Progress.load_state_dict` before the first epoch; the loop then
-starts there. On Keras 3 its :class:`EpochPosition` also says where the data
-is: the epoch iterator (:class:`custom_fit._compat.keras3_only.EpochIterator`)
-reports to it which data iterator each batch comes from, and starts a resumed
-epoch after the batches already trained. Neither knows the model or the loop,
-so both may hold them.
+starts there. Its :class:`EpochPosition` also says where the data is: the
+epoch iterator of the Keras in use (``_compat.loop.EpochIterator``: Keras 3's
+subclass, or custom_fit's over tf_keras' data handler) reports to it which
+data iterator each batch comes from, and starts a resumed epoch after the
+batches already trained. Neither knows the model or the loop, so both may
+hold them.
 
 Nothing in this module is public API.
 """
@@ -30,9 +31,9 @@ __all__ = ["EpochPosition", "Position", "Progress", "epoch_metrics"]
 class EpochPosition:
     """Where ``fit`` reads its data: which iterator, and how many of its batches came before step 0.
 
-    ``CustomModel.fit`` (Keras 3) makes one per call (:class:`~custom_fit._state.LoopCall`); its epoch iterator
-    (:class:`custom_fit._compat.keras3_only.EpochIterator`) reports to
-    it and, in a resumed run, asks it where to start (:attr:`resume`).
+    Each ``CustomModel.fit`` call's :class:`Progress` has one; the epoch iterator
+    (``_compat.loop.EpochIterator``, on both Kerases) reports to it and, in a
+    resumed run, asks it where to start (:attr:`resume`).
     Iterators are counted because each new iterator of a ``tf.data`` pipeline
     with a seeded ``shuffle`` draws a new order: the n-th iterator of a
     resumed run reads what the n-th of the interrupted run read.
@@ -151,24 +152,23 @@ class Progress:
     now would resume at; a resumed ``fit`` is given it with
     :meth:`load_state_dict` before its first epoch (``on_train_begin``) and
     starts there (:meth:`first_epoch`). The data's part of it is
-    :attr:`data`, where ``fit`` reads its batches (Keras 3; ``None`` on
-    Keras 2, whose epochs start at their first batch).
+    :attr:`data`, where ``fit`` reads its batches.
 
     Example:
-        >>> progress = Progress(data=None)
+        >>> progress = Progress()
         >>> progress.epoch_begins(0); progress.step_begins(3); progress.state_dict()["step"]
         3
         >>> progress.execution_ends(5); progress.epoch_ends()
         >>> progress.state_dict()["epoch"], progress.state_dict()["step"], progress.trained_steps
         (1, 0, 5)
-        >>> resumed = Progress(data=None); resumed.load_state_dict(progress.state_dict())
+        >>> resumed = Progress(); resumed.load_state_dict(progress.state_dict())
         >>> resumed.first_epoch(initial_epoch=0)
         1
     """
 
-    def __init__(self, data: EpochPosition | None) -> None:
-        #: Where ``fit`` reads its data (Keras 3), else ``None``.
-        self.data = data
+    def __init__(self) -> None:
+        #: Where ``fit`` reads its data (the epoch iterator reports to it).
+        self.data = EpochPosition()
         #: Whether the ``fit`` that owns it still runs (``False`` once it returned or raised).
         self.running = True
         self.epoch = 0
@@ -240,9 +240,8 @@ class Progress:
 
     def forget_data(self) -> None:
         """Drops what holds the data (``fit`` ended: nothing keeps it past ``fit``, as in Keras)."""
-        if self.data is not None:
-            self.data.adapter = None
-            self.data.read_data_epoch = lambda: None
+        self.data.adapter = None
+        self.data.read_data_epoch = lambda: None
 
     # Read and loaded by BackupAndRestore ---------------------------------------------
 
@@ -250,15 +249,14 @@ class Progress:
         """The point a ``fit`` stopped now would resume at (see :class:`Position`), as plain values."""
         data = self.data
         if self._epoch_done:
-            iterator, skip = data.at_next_epoch() if data is not None else (0, 0)
+            iterator, skip = data.at_next_epoch()
             point = Position(
-                self.epoch + 1, 0, iterator, skip, data.read_data_epoch() if data is not None else None,
-                trained_steps=self.trained_steps,
-            )  # fmt: skip
+                self.epoch + 1, 0, iterator, skip, data.read_data_epoch(), trained_steps=self.trained_steps
+            )
         else:
-            iterator, skip = data.at_step(self.step) if data is not None else (0, 0)
+            iterator, skip = data.at_step(self.step)
             point = Position(
-                self.epoch, self.step, iterator, skip, data.data_epoch if data is not None else None,
+                self.epoch, self.step, iterator, skip, data.data_epoch,
                 trained_steps=self._trained_before_epoch + self.step, validation_logs=self.validation_logs,
             )  # fmt: skip
         return dataclasses.asdict(point)
@@ -270,8 +268,7 @@ class Progress:
         trained = loaded.trained_steps if loaded.trained_steps is not None else loaded.step
         self._trained_before_epoch, self._trained_in_epoch = trained - loaded.step, loaded.step
         self._resuming = True
-        if self.data is not None:
-            self.data.resume = self._loaded
+        self.data.resume = self._loaded
 
 
 def hand_to_callbacks(progress: Progress, callbacks: Any) -> None:

@@ -104,7 +104,7 @@ class ValidationSchedule:
         >>> schedule = ValidationSchedule(Steps(10))
         >>> [schedule.due(trained) for trained in (9, 10, 11)], schedule.run_index(20)
         ([False, True, False], 1)
-        >>> progress = Progress(data=None)
+        >>> progress = Progress()
         >>> progress.execution_ends(6)  # 6 steps trained
         >>> plan = schedule.capped(lambda remaining: 8, progress)
         >>> plan(None)  # 8 planned, 4 left until the run after step 10

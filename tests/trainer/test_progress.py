@@ -9,12 +9,12 @@ import pytest
 
 import custom_fit
 from custom_fit._compat import keras
-from custom_fit._trainer.progress import EpochPosition, Progress, hand_to_callbacks
+from custom_fit._trainer.progress import Progress, hand_to_callbacks
 
 
 def test_state_dict_round_trip_starts_the_loaded_fit_where_the_other_stopped() -> None:
-    data = EpochPosition()
-    progress = Progress(data=data)
+    progress = Progress()
+    data = progress.data
     data.iterator_made()
     data.epoch_begins()
     data.reading(batches_before_step_0=0)
@@ -26,15 +26,15 @@ def test_state_dict_round_trip_starts_the_loaded_fit_where_the_other_stopped() -
         "trained_steps": 5, "validation_logs": None,
     }  # fmt: skip
 
-    resumed = Progress(data=EpochPosition())
+    resumed = Progress()
     assert not resumed.loaded and resumed.first_epoch(initial_epoch=1) == 1
     resumed.load_state_dict(state)
     assert resumed.loaded and resumed.first_epoch(initial_epoch=1) == 2
-    assert resumed.data is not None and resumed.data.take_resume() is not None  # the epoch iterator's start
+    assert resumed.data.take_resume() is not None  # the epoch iterator's start
 
 
 def test_after_the_epochs_steps_the_state_points_at_the_next_epoch() -> None:
-    progress = Progress(data=None)  # Keras 2: no data position
+    progress = Progress()  # no data iterator made: the next epoch makes the first
     progress.epoch_begins(0)
     progress.step_begins(7)
     progress.execution_ends(8)
@@ -47,7 +47,7 @@ def test_after_the_epochs_steps_the_state_points_at_the_next_epoch() -> None:
 
 def test_trained_steps_count_across_epochs_and_a_resume_keeps_the_epochs_last_run() -> None:
     """What ``validation_freq=Steps(N)`` reads: steps since the fit began, and the last run inside the epoch."""
-    progress = Progress(data=None)
+    progress = Progress()
     progress.epoch_begins(0)
     progress.step_begins(0)
     progress.execution_ends(4)
@@ -62,7 +62,7 @@ def test_trained_steps_count_across_epochs_and_a_resume_keeps_the_epochs_last_ru
     assert (state["epoch"], state["step"], state["trained_steps"]) == (1, 3, 7)
     assert state["validation_logs"] == {"val_loss": 0.5}
 
-    resumed = Progress(data=None)
+    resumed = Progress()
     resumed.load_state_dict(state)
     assert resumed.trained_steps == 7  # the epoch iterator plans the first execution from here
     resumed.epoch_begins(1)
@@ -122,7 +122,7 @@ def test_fit_hands_its_progress_to_callbacks_and_moves_it_along(as_list: bool) -
 
 
 def test_hand_to_callbacks_takes_a_list_a_callback_list_one_callback_or_none() -> None:
-    progress = Progress(data=None)
+    progress = Progress()
     recorders = [_Recorder() for _ in range(3)]
     hand_to_callbacks(progress, [recorders[0], keras.callbacks.History()])
     hand_to_callbacks(progress, keras.callbacks.CallbackList([recorders[1]]))

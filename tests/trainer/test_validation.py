@@ -119,7 +119,7 @@ def test_the_schedule_counts_steps_across_epochs_and_caps_executions() -> None:
     schedule = ValidationSchedule(custom_fit.Steps(10))
     assert [t for t in range(1, 33) if schedule.due(t)] == [10, 20, 30]
     assert [schedule.run_index(t) for t in (10, 20, 30)] == [0, 1, 2]
-    progress = Progress(data=None)
+    progress = Progress()
     capped = schedule.capped(lambda remaining: 4, progress)
     executions = []
     while progress.trained_steps < 32:  # a plan of 4 steps per execution, cut at each run
