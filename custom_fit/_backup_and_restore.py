@@ -72,64 +72,47 @@ _AGREEMENT_TIMEOUT_S = 600.0
 _agreements = itertools.count()  # one agreement per fit, in the same order on every worker
 
 
+#: The fields of :class:`~custom_fit._trainer.progress.Position`: ``meta.json`` holds a ``Progress.state_dict()``
+#: under them (a backup written before a field existed lacks it and gets the field's default).
+_POSITION_FIELDS = tuple(field.name for field in dataclasses.fields(Position))
+
+
 @dataclasses.dataclass
 class Backup:
     """What a backup holds besides the weights: where to resume and the state Keras does not save.
 
     Attributes:
-        epoch: The epoch to resume in.
-        step: The first step of ``epoch`` not trained yet (0: the epoch's start).
-        iterator: Which data iterator, counted from ``fit``'s start, that step reads from.
-        skip: How many batches of that iterator were read before that step.
-        random_state: The global random state when ``epoch`` began.
+        progress: The running ``fit``'s ``Progress.state_dict()`` when it was
+            taken, as it is (a :class:`~custom_fit._trainer.progress.Position`'s
+            fields): where the resumed ``fit`` starts.
+        random_state: The global random state when the epoch to resume in began.
         hook_states: For data with epoch hooks of its own (a ``PyDataset``
             that reshuffles in ``on_epoch_end``): the random state before each
             earlier epoch's ``on_epoch_begin`` and ``on_epoch_end``.
         metric_values: The value of each variable of each of ``model.metrics``
-            (none when ``step`` is 0: Keras resets them when an epoch begins).
-        data_epoch: How many epochs Keras' data adapter had ended when
-            ``epoch`` began, where its shuffle depends on it (Keras >= 3.16);
-            else ``None``.
-        trained_steps: The steps trained before ``step``, counted across
-            epochs from the ``fit``'s start (``None`` in a backup written
-            before custom_fit counted them).
-        validation_logs: The last ``validation_freq=Steps(N)`` run's ``val_*``
-            values inside ``epoch`` before ``step``, else ``None``.
+            (none at an epoch's first step: Keras resets them when an epoch begins).
     """
 
-    epoch: int
-    step: int
-    iterator: int
-    skip: int
+    progress: dict[str, Any]
     random_state: RandomState
     hook_states: list[tuple[RandomState, RandomState]]
     metric_values: list[list[np.ndarray]]
-    data_epoch: int | None = None
-    trained_steps: int | None = None
-    validation_logs: dict[str, Any] | None = None
 
-    def progress_state(self) -> dict[str, Any]:
-        """Where the resumed ``fit`` starts: the running ``fit``'s ``Progress.state_dict()`` it was written from."""
-        return {field.name: getattr(self, field.name) for field in dataclasses.fields(Position)}
+    @property
+    def position(self) -> Position:
+        """Where the resumed ``fit`` starts."""
+        return Position(**self.progress)
 
     def write(self, directory: Path) -> None:
-        """Writes ``meta.json`` and ``state.npz`` into ``directory``."""
+        """Writes ``meta.json`` (the progress and the shapes of the rest) and ``state.npz`` into ``directory``."""
         meta = {
             "format": _FORMAT,
-            "epoch": self.epoch,
-            "step": self.step,
-            "iterator": self.iterator,
-            "skip": self.skip,
+            **self.progress,
             "hook_epochs": len(self.hook_states),
             "metric_variables": [len(values) for values in self.metric_values],
-            "data_epoch": self.data_epoch,
-            "trained_steps": self.trained_steps,
-            # Python floats: JSON keeps them exactly (repr round-trips).
-            "validation_logs": None
-            if self.validation_logs is None
-            else {name: np.asarray(value).tolist() for name, value in self.validation_logs.items()},
         }
-        (directory / _META).write_text(json.dumps(meta))
+        # NumPy values (validation logs) as Python numbers: JSON keeps floats exactly (repr round-trips).
+        (directory / _META).write_text(json.dumps(meta, default=lambda value: np.asarray(value).tolist()))
         arrays: dict[str, Any] = random_state_arrays("epoch_", [self.random_state])
         if self.hook_states:
             arrays.update(random_state_arrays("hook_begin_", [begin for begin, _ in self.hook_states]))
@@ -158,11 +141,10 @@ class Backup:
             meta = json.loads((directory / _META).read_text())
             with np.load(directory / _STATE, allow_pickle=False) as arrays:
                 hooks = meta["hook_epochs"]
+                progress = {name: meta[name] for name in _POSITION_FIELDS if name in meta}
+                Position(**progress)  # a meta.json without an epoch or a step fails here
                 return cls(
-                    epoch=meta["epoch"],
-                    step=meta["step"],
-                    iterator=meta["iterator"],
-                    skip=meta["skip"],
+                    progress=progress,
                     random_state=random_states("epoch_", arrays)[0],
                     hook_states=list(
                         zip(random_states("hook_begin_", arrays), random_states("hook_end_", arrays), strict=True)
@@ -173,9 +155,6 @@ class Backup:
                         [arrays[f"metric_{i}_{j}"] for j in range(count)]
                         for i, count in enumerate(meta["metric_variables"])
                     ],
-                    data_epoch=meta.get("data_epoch"),  # backups written before Keras 3.16 support have none
-                    trained_steps=meta.get("trained_steps"),  # and before validation every N steps
-                    validation_logs=meta.get("validation_logs"),
                 )
         except (OSError, KeyError, TypeError, json.JSONDecodeError, EOFError) as error:
             raise ValueError(f"The backup in {directory} cannot be read ({type(error).__name__}: {error}).") from error
@@ -330,10 +309,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._epoch = 0
         self._epoch_random_state = RandomState.capture()
         self._hook_states: list[tuple[RandomState, RandomState]] = []
-        # Steps trained since the last backup, as of step `_counted_from` of the epoch.
-        self._unsaved_steps = 0
-        self._counted_from = 0
-        self._steps_in_epoch = 0
+        self._saved_at = 0  # the progress' trained_steps at the last backup (or where fit resumed)
 
     # Hooks, in the order fit calls them ----------------------------------------------
 
@@ -378,14 +354,14 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._resume = restored.value if restored is not None else None
         if restored is not None and restored.skipped:
             self._warn_fallback(restored)
-        if self._progress is None:  # Keras' own loop (Keras 3, a plain keras.Model) reads it from the model
-            version.set_initial_epoch(self.model, self._resume.epoch if self._resume else None)
-        elif self._resume is not None:
-            self._progress.load_state_dict(self._resume.progress_state())
         self._hook_states = list(self._resume.hook_states) if self._resume else []
-        if self._data is not None:
-            self._data.hook_states = self._hook_states
-        self._unsaved_steps = 0
+        if self._progress is None:  # Keras' own loop (Keras 3, a plain keras.Model) reads it from the model
+            version.set_initial_epoch(self.model, self._resume.position.epoch if self._resume else None)
+            return
+        if self._resume is not None:
+            self._progress.load_state_dict(self._resume.progress)
+        self._saved_at = self._progress.trained_steps
+        self._progress.data.hook_states = self._hook_states
 
     def _arm_preemption_notice(self) -> None:
         """Catches ``SIGTERM`` while the ``fit`` running now runs (``on_train_begin``, after the strategy exists).
@@ -414,12 +390,9 @@ class BackupAndRestore(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         """Restores the metrics and the random state in the resumed epoch; remembers the random state."""
         self._epoch = epoch
-        self._steps_in_epoch = 0
-        self._counted_from = 0
         resume, self._resume = self._resume, None
         if resume is not None:
-            self._counted_from = resume.step
-            if resume.step:
+            if resume.position.step:
                 self._restore_metrics(resume.metric_values)
             if self._data is not None:
                 self._replay_data_hooks(resume.hook_states)
@@ -431,21 +404,14 @@ class BackupAndRestore(keras.callbacks.Callback):
         if self._preemption_due((self._epoch, batch)):  # only custom_fit's loop arms the notice
             self._write(self._epoch_random_state)
             self._exit_preempted(f"saved a backup at epoch {self._epoch + 1}, step {batch}")
-        if self._every is not None and self._unsaved_steps + batch - self._counted_from >= self._every:
+        if self._every is not None and self._unsaved_steps() >= self._every:
             self._write(self._epoch_random_state)
-            self._unsaved_steps, self._counted_from = 0, batch
-
-    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-        """Counts the epoch's steps (``batch`` is the last step of the execution)."""
-        self._steps_in_epoch = batch + 1
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         """Writes the epoch's backup (with an integer ``save_freq``: when one is due)."""
-        self._unsaved_steps += self._steps_in_epoch - self._counted_from
         preempted = self._preemption_due((epoch, EPOCH_END))
-        if self._every is None or self._unsaved_steps >= self._every or preempted:
+        if self._every is None or self._unsaved_steps() >= self._every or preempted:
             self._write(RandomState.capture(), next_epoch=epoch + 1)
-            self._unsaved_steps = 0
         if preempted:
             self._exit_preempted(f"saved a backup at the end of epoch {epoch + 1}")
 
@@ -509,8 +475,18 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     @property
     def _data(self) -> EpochPosition | None:
-        """Where the running ``fit`` reads its data (Keras 3, custom_fit's loop), else ``None``."""
+        """Where the running ``fit`` reads its data (custom_fit's loop), else ``None``."""
         return self._progress.data if self._progress is not None else None
+
+    def _unsaved_steps(self) -> int:
+        """The steps trained since the last backup (or since where ``fit`` resumed); an integer ``save_freq`` only.
+
+        An integer ``save_freq`` needs custom_fit's loop (``on_train_begin`` says
+        so), whose progress counts the steps trained: at a step's
+        ``on_train_batch_begin`` those before it, at ``on_epoch_end`` the epoch's.
+        """
+        assert self._progress is not None
+        return self._progress.trained_steps - self._saved_at
 
     def _write(self, random_state: RandomState, *, next_epoch: int | None = None) -> None:
         """Takes a backup: the model, where the running ``fit`` is, ``random_state``.
@@ -530,6 +506,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._writer.wait()  # the backup before is complete: its number is taken, its removals done
         if self._progress is not None:
             state = self._progress.state_dict()
+            self._saved_at = self._progress.trained_steps
         else:  # Keras' own loop (a plain keras.Model on Keras 3): backups at epochs' ends only
             assert next_epoch is not None
             state = dataclasses.asdict(Position(next_epoch, 0))
@@ -541,7 +518,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         )
         self._weights_written = write_weights  # the next backup's copy reuses its host memory once it is written
         backup = Backup(
-            **state,
+            progress=state,
             random_state=random_state,
             hook_states=list(self._hook_states),
             # At an epoch's start Keras resets the metrics: nothing to restore.
@@ -559,7 +536,7 @@ class BackupAndRestore(keras.callbacks.Callback):
                 shutil.rmtree(pending.directory, ignore_errors=True)
 
         self._writer.submit(
-            finish, f"the backup of epoch {backup.epoch + 1}, step {backup.step} (into {pending.directory})"
+            finish, f"the backup of epoch {state['epoch'] + 1}, step {state['step']} (into {pending.directory})"
         )
 
     def _load(self, directory: Path) -> Backup:

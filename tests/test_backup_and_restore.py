@@ -36,9 +36,12 @@ import pytest
 
 import custom_fit
 from custom_fit import KERAS_2, keras
+from custom_fit._backup_and_restore import Backup
 from custom_fit._backup_store import BackupStore
 from custom_fit._compat import version
 from custom_fit._preemption import PREEMPTION_EXIT_CODE
+from custom_fit._random_state import RandomState
+from custom_fit._trainer.progress import Position, Progress
 from tests import crash_cases, parity
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,6 +131,79 @@ def test_a_backup_of_other_metrics_is_refused(tmp_path: Path) -> None:
     other = _small_model(metrics=["mae", "mse"])
     with pytest.raises(ValueError, match="holds metrics of another model: expected variables of shapes"):
         other.fit(x, y, batch_size=2, callbacks=[custom_fit.BackupAndRestore(tmp_path, save_freq=2)], verbose=0)
+
+
+# --------------------------------------------------------------------------
+# What a backup records of the progress
+# --------------------------------------------------------------------------
+
+
+def _a_backup(progress: dict[str, Any]) -> Backup:
+    return Backup(progress=progress, random_state=RandomState.capture(), hook_states=[], metric_values=[[np.ones(2)]])
+
+
+def test_a_backup_holds_the_progress_state_as_the_running_fit_gave_it(tmp_path: Path) -> None:
+    progress = Progress()
+    progress.epoch_begins(2)
+    progress.step_begins(3)
+    progress.validated({"val_loss": np.float32(0.25)})
+    state = progress.state_dict()
+    _a_backup(state).write(tmp_path)
+    read = Backup.read(tmp_path)
+    assert read.progress == {**state, "validation_logs": {"val_loss": 0.25}}  # a float32 read back exactly
+    resumed = Progress()
+    resumed.load_state_dict(read.progress)
+    assert resumed.first_epoch(initial_epoch=0) == 2 and resumed.trained_steps == 3
+    assert Backup.position_of(tmp_path) == "epoch 3, step 3, after 3 steps"
+
+
+def test_a_backup_written_before_a_progress_field_existed_resumes_with_its_default(tmp_path: Path) -> None:
+    """custom_fit releases before data_epoch, trained_steps and validation_logs wrote meta.json without them."""
+    _a_backup({"epoch": 1, "step": 4, "iterator": 1, "skip": 4}).write(tmp_path)
+    read = Backup.read(tmp_path)
+    assert read.position == Position(epoch=1, step=4, iterator=1, skip=4)
+    resumed = Progress()
+    resumed.load_state_dict(read.progress)
+    assert resumed.trained_steps == 4  # counted from the loaded step
+    assert Backup.position_of(tmp_path) == "epoch 2, step 4"
+
+
+@pytest.mark.parametrize(("steps_per_execution", "expected"), [(1, [4, 8, 12, 16]), (3, [6, 12, 18])])
+def test_a_step_backup_is_written_once_save_freq_steps_were_trained(
+    tmp_path: Path, steps_per_execution: int, expected: list[int]
+) -> None:
+    """Counted on the progress across epochs: at the first execution's start (or the epoch's end) at or past N.
+
+    Two epochs of 9 steps, save_freq=4; with 3 steps per execution the executions start at steps 0, 3
+    and 6 of each epoch, and the epoch's end (step 9) is not due in the first epoch (3 since step 6).
+    """
+    keras.utils.set_random_seed(0)
+    model = custom_fit.CustomSequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse", steps_per_execution=steps_per_execution)
+    seen: list[int] = []
+
+    class Watch(keras.callbacks.Callback):  # after the backup callback: each new backup once it is there
+        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+            self.look()
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            self.look()
+
+        def look(self) -> None:
+            for backup in sorted(tmp_path.glob("backup-*")):
+                if (backup / "meta.json").exists() and _trained_steps(backup) not in seen:
+                    seen.append(_trained_steps(backup))
+
+    backup = custom_fit.BackupAndRestore(tmp_path, save_freq=4, write_in_background=False, max_to_keep=10)
+    x = np.zeros((18, 2), "float32")
+    model.fit(x, x[:, :1], batch_size=2, epochs=2, callbacks=[backup, Watch()], verbose=0)
+    assert seen == expected
+
+
+def test_a_meta_json_without_the_step_cannot_be_read(tmp_path: Path) -> None:
+    _a_backup({"epoch": 1, "iterator": 0, "skip": 0}).write(tmp_path)
+    with pytest.raises(ValueError, match=r"cannot be read \(TypeError: .*'step'"):
+        Backup.read(tmp_path)
 
 
 # --------------------------------------------------------------------------
