@@ -15,6 +15,7 @@ and read the measured results (max |delta| between runs, errors raised) from
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -234,16 +235,16 @@ def mirrored_clipping():
             "keras_vs_single": max_delta(single, keras_mirrored),
         }
     results["optimizer_methods_left_after_fit"] = sorted(leftovers)
-    if custom_fit.KERAS_2:
-        results["overrides"] = apply_gradients_overrides(strategy)
+    results["overrides"] = apply_gradients_overrides(strategy)
     return results
 
 
 def apply_gradients_overrides(strategy):
-    """Keras 2: optimizer subclasses that override ``apply_gradients``, under the strategy.
+    """Optimizer subclasses that override ``apply_gradients``, under the strategy: max |Δ| to one device, or the error.
 
     custom_fit tells tf_keras' optimizers not to sum the (summed) gradients again with their own
-    argument, which an override must take (or ``**kwargs``) and pass on.
+    argument, which an override must take (or ``**kwargs``) and pass on; Keras 3's have none (its
+    sum passes the gradients through while the update is traced), so any override trains.
     """
     import custom_fit
     from custom_fit import keras
@@ -268,11 +269,11 @@ def apply_gradients_overrides(strategy):
         return [w.tolist() for w in model.get_weights()]
 
     single = fit_with(keras.optimizers.SGD, None)
-    passes = attempt(lambda: fit_with(PassesKwargsOn, strategy))
-    return {
-        "passes_kwargs_on_vs_single": max_delta(single, passes["ok"]) if "ok" in passes else short_error(passes),
-        "takes_no_kwargs": short_error(attempt(lambda: fit_with(TakesNoKwargs, strategy))),
-    }
+    results = {}
+    for name, optimizer_class in (("passes_kwargs_on", PassesKwargsOn), ("takes_no_kwargs", TakesNoKwargs)):
+        result = attempt(functools.partial(fit_with, optimizer_class, strategy))
+        results[name] = max_delta(single, result["ok"]) if "ok" in result else short_error(result)
+    return results
 
 
 @contextlib.contextmanager
