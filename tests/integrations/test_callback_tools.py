@@ -73,15 +73,21 @@ def wandb_run(base, folder):
     callbacks = [WandbMetricsLogger(log_freq=3), WandbModelCheckpoint(checkpoints, monitor="val_loss")]
     fit(model, epochs=3, validation_data=VALIDATION, callbacks=callbacks)
     run.finish()
+    # finish() returns once wandb-core has handled the run's exit record, not once it has written and
+    # closed the log; under load the log could still be its header alone (a CI run read no history
+    # then). teardown() stops wandb-core and waits for it to exit, which closes every log it wrote.
+    wandb.teardown()
     (log,) = glob.glob(os.path.join(folder, "wandb", "offline-run-*", "run-*.wandb"))
-    rows, artifacts = [], []
+    rows, artifacts, kinds = [], [], set()
     for record in wandb_records(log):
+        kinds.add(record.WhichOneof("record_type"))
         if record.WhichOneof("record_type") == "history":
             row = {"/".join(item.nested_key) or item.key: json.loads(item.value_json) for item in record.history.item}
             rows.append({key: value for key, value in row.items() if not key.startswith("_")})
         elif record.WhichOneof("record_type") == "artifact":
             contents = [entry.path for entry in record.artifact.manifest.contents]
             artifacts.append((record.artifact.type, sorted(record.artifact.aliases), contents))
+    assert "exit" in kinds, f"the log {log} ends before the run's exit record: {sorted(kinds)}"
     saved = {name: keras.models.load_model(os.path.join(folder, name)).get_weights() for _, _, (name,) in artifacts}
     return {"history": rows, "artifacts": artifacts}, saved, model
 
