@@ -59,7 +59,8 @@ from custom_fit._preemption import (
     cluster_workers,
 )
 from custom_fit._random_state import RandomState, random_state_arrays, random_states
-from custom_fit._trainer.progress import EpochPosition, Position, Progress, epoch_metrics
+from custom_fit._trainer.data_position import EpochPosition, Position
+from custom_fit._trainer.progress import Progress, epoch_metrics
 
 __all__ = ["Backup", "BackupAndRestore"]
 
@@ -72,7 +73,7 @@ _AGREEMENT_TIMEOUT_S = 600.0
 _agreements = itertools.count()  # one agreement per fit, in the same order on every worker
 
 
-#: The fields of :class:`~custom_fit._trainer.progress.Position`: ``meta.json`` holds a ``Progress.state_dict()``
+#: The fields of :class:`~custom_fit._trainer.data_position.Position`: ``meta.json`` holds a ``Progress.state_dict()``
 #: under them (a backup written before a field existed lacks it and gets the field's default).
 _POSITION_FIELDS = tuple(field.name for field in dataclasses.fields(Position))
 
@@ -83,7 +84,7 @@ class Backup:
 
     Attributes:
         progress: The running ``fit``'s ``Progress.state_dict()`` when it was
-            taken, as it is (a :class:`~custom_fit._trainer.progress.Position`'s
+            taken, as it is (a :class:`~custom_fit._trainer.data_position.Position`'s
             fields): where the resumed ``fit`` starts.
         random_state: The global random state when the epoch to resume in began.
         hook_states: For data with epoch hooks of its own (a ``PyDataset``

@@ -48,6 +48,7 @@ from custom_fit._compat.common import (
     validates_after,
 )
 from custom_fit._compat.keras2 import Execution, has_compiled_loss, running
+from custom_fit._trainer.data_position import DataCursor
 
 __all__ = [
     "FIT_VALIDATION_KWARGS",
@@ -93,14 +94,17 @@ class EpochIterator:
     asks for it, e.g. a ``tf.data.Dataset``; arrays read one iterator over
     all epochs) and numbers the steps as tf_keras' ``steps`` does (the last
     execution of an epoch is shortened to the steps left; on data of unknown
-    length the first epoch that runs dry gives the epoch's length).
+    length the first epoch that runs dry gives the epoch's length). The
+    replay and skip of a resumed run, the plan's argument and the epoch's
+    executions are :attr:`cursor`'s (a
+    :class:`~custom_fit._trainer.data_position.DataCursor`, as on Keras 3).
 
     Args:
         model: The model whose ``fit``, ``evaluate`` or ``predict`` reads the data.
         plan: The number of steps of the next execution, given the steps left
             in the epoch (``None``: unknown).
         position: Where ``fit`` reads its data
-            (:class:`custom_fit._trainer.progress.EpochPosition`); ``None`` for
+            (:class:`custom_fit._trainer.data_position.EpochPosition`); ``None`` for
             ``evaluate`` and ``predict``.
         **data: tf_keras' ``DataHandler`` arguments (``x``, ``y``,
             ``batch_size``, ``steps_per_epoch``, ``initial_epoch``, ``epochs``, ...).
@@ -118,15 +122,17 @@ class EpochIterator:
         self.plan = plan
         self.position = position
         self._steps_per_epoch = data.get("steps_per_epoch")
-        self._iterator: Any = None
-        self._batches_read = 0  # from the current iterator
+        self.cursor = DataCursor(
+            lambda: iter(handler._dataset),
+            position,
+            # Iterators of a generator or a Sequence read a Python object: a resumed run skips batches
+            # of the first iterator it makes instead of making the interrupted run's again.
+            replays_iterators=not isinstance(adapter, _data_adapter.GeneratorDataAdapter),
+            may_run_dry=_may_run_dry(handler),
+        )
         self._epoch_open = False  # an epoch ran whose data adapter's on_epoch_end is due
         #: Where the first epoch starts when nothing resumes (tf_keras' own BackupAndRestore sets it).
         self.initial_step = 0
-        # Iterators of a generator or a Sequence read a Python object: a resumed run skips batches
-        # of the first iterator it makes instead of making the interrupted run's again.
-        self._replays_iterators = not isinstance(adapter, _data_adapter.GeneratorDataAdapter)
-        self._may_run_dry = _may_run_dry(handler)
         if position is not None:
             # The batches' spec before a strategy splits them (build_compiled_state reads it).
             position.element_spec = getattr(handler._dataset, "_original_dataset", handler._dataset).element_spec
@@ -153,7 +159,7 @@ class EpochIterator:
         ``fit`` resets once; ``evaluate`` at each call, also when ``fit``'s
         validation reuses the validation data's iterator.
         """
-        self._iterator = None
+        self.cursor.drop_iterator()
         self._epoch_open = False
 
     def catch_stop_iteration(self) -> contextlib.AbstractContextManager[None]:
@@ -166,7 +172,7 @@ class EpochIterator:
 
     def close(self) -> None:
         """Drops the data iterator."""
-        self._iterator = None
+        self.cursor.drop_iterator()
 
     def __enter__(self) -> EpochIterator:
         return self
@@ -175,60 +181,38 @@ class EpochIterator:
         self.close()
 
     def __iter__(self) -> Iterator[tuple[int, int, Execution]]:
-        handler, position = self._handler, self.position
+        handler, cursor = self._handler, self.cursor
         self._end_open_epoch()
         if handler._insufficient_data:
             return
-        resume = position.take_resume() if position is not None else None
-        if position is not None:
-            position.epoch_begins(None)
-        self._begin_epoch(resume)
-        step = resume.step if resume is not None else self.initial_step
-        self.initial_step = 0
-        if position is not None:
-            position.reading(batches_before_step_0=self._batches_read - step)
-        sync = handler.should_sync
-        while handler._inferred_steps is None or step < handler._inferred_steps:
-            if handler._insufficient_data:  # set by catch_stop_iteration
-                break
-            remaining = None if handler._inferred_steps is None else handler._inferred_steps - step
-            steps = self.plan(None if self._may_run_dry else remaining)
-            if remaining is not None:
-                steps = min(steps, remaining)
-            handler._current_step = step  # catch_stop_iteration reads it when the data runs out
-            self._batches_read += steps
-            yield step, steps, Execution(self._iterator, steps, sync, self._variable, self._fixed)
-            step += steps
-            handler._current_step = step
-        self._epoch_open = True
-        if position is not None:
-            recreates = handler._adapter.should_recreate_iterator()
-            position.epoch_ends(next_skip=None if recreates else self._batches_read)
-
-    def _begin_epoch(self, resume: Any) -> None:
-        """Makes the epoch's data iterator where tf_keras does; in a resumed epoch, reads up to where it stopped."""
-        handler, position = self._handler, self.position
-        if self._iterator is None:  # tf_keras makes one before its first epoch
-            self._new_iterator()
-        if handler._adapter.should_recreate_iterator():
-            self._new_iterator()
+        resume = cursor.take_resume()
+        if self.position is not None:
+            self.position.epoch_begins(None)
+        if cursor.iterator is None:  # tf_keras makes one before its first epoch
+            cursor.new_iterator()
+        recreates = handler._adapter.should_recreate_iterator()
+        if recreates:
+            cursor.new_iterator()
             if not isinstance(handler._dataset, _data_adapter.DistributedDataset):
                 steps = handler._infer_steps(self._steps_per_epoch, handler._dataset)
                 if steps is not None:
                     handler._inferred_steps = steps
-        if resume is None:
-            return
-        while self._replays_iterators and position.iterators_made <= resume.iterator:
-            self._new_iterator()
-        for _ in range(resume.skip - self._batches_read):  # batches the interrupted run had read
-            next(self._iterator)
-        self._batches_read = max(self._batches_read, resume.skip)
-
-    def _new_iterator(self) -> None:
-        if self.position is not None:
-            self.position.iterator_made()
-        self._iterator = iter(self._handler._dataset)
-        self._batches_read = 0
+        first = cursor.start_epoch(resume, first_step=self.initial_step)
+        self.initial_step = 0
+        sync = handler.should_sync
+        executions = cursor.executions(
+            first,
+            lambda: handler._inferred_steps,  # set by catch_stop_iteration when data of unknown length runs dry
+            self.plan,
+            ran_dry=lambda: bool(handler._insufficient_data),  # set by catch_stop_iteration
+            shortens_last=True,
+        )
+        for step, steps in executions:
+            handler._current_step = step  # catch_stop_iteration reads it when the data runs out
+            yield step, steps, Execution(cursor.iterator, steps, sync, self._variable, self._fixed)
+            handler._current_step = step + steps
+        self._epoch_open = True
+        cursor.end_epoch(next_reads_on=not handler._adapter.should_recreate_iterator())
 
     def _end_open_epoch(self) -> None:
         if self._epoch_open:

@@ -17,6 +17,7 @@ Nothing in this module is public API.
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
@@ -37,6 +38,7 @@ from keras.src.utils import python_utils as _python_utils
 
 from custom_fit._compat import common
 from custom_fit._compat.common import FIT_VALIDATION_KWARGS, pop_fit_validation, validates_after  # both Kerases'
+from custom_fit._trainer.data_position import DataCursor
 
 __all__ = [
     "FIT_VALIDATION_KWARGS",
@@ -149,11 +151,20 @@ class EpochIterator(_TFEpochIterator):
       execution for its number of steps (``steps_per_execution="auto"``: the
       tuner's plan; otherwise a constant); each item is
       ``(first step, steps, Execution(iterator, steps))``;
-    * ``position`` (a :class:`custom_fit._trainer.progress.EpochPosition`) learns which
+    * ``position`` (a :class:`custom_fit._trainer.data_position.EpochPosition`) learns which
       data iterator each batch comes from, and may start the first epoch
-      where an interrupted run stopped: it makes and drops the iterators the
-      run had made before (a seeded ``tf.data`` shuffle draws a new order for
-      each) and skips the batches already trained.
+      where an interrupted run stopped: the iterators the run had made
+      before are made and dropped (a seeded ``tf.data`` shuffle draws a new
+      order for each) and the batches already trained skipped.
+
+    Both go through :attr:`cursor` (a
+    :class:`~custom_fit._trainer.data_position.DataCursor`, which tf_keras'
+    epoch iterator reads through too): it holds the current data iterator
+    and the batches read from it (Keras' ``_current_iterator`` and
+    ``_steps_seen``, which Keras' ``__init__``, ``reset`` and
+    ``catch_stop_iteration`` set, are properties over it), replays and skips,
+    and yields the epoch's executions. What is Keras 3's is here: where its
+    iterators are made, when known-length data ran out, and its data hooks.
 
     From Keras 3.16 the data adapter also counts the epochs it ended and
     seeds its shuffle with the count (:func:`data_epoch`); a resumed run sets
@@ -187,8 +198,7 @@ class EpochIterator(_TFEpochIterator):
             ``batch_size``, ``steps_per_epoch``, ``distribute_strategy``, ...).
     """
 
-    _current_iterator: Any  # Keras' attributes: the data iterator the epoch reads,
-    _epoch_iterator: Any  # and the running _enumerate_iterator
+    _epoch_iterator: Any  # Keras' attribute: the running _enumerate_iterator
 
     def __init__(self, *, plan: Callable[[int | None], int], position: Any = None, **kwargs: Any):
         super().__init__(**kwargs)
@@ -197,17 +207,21 @@ class EpochIterator(_TFEpochIterator):
             self._distributed_dataset: Any = common.dataset_without_autotuning(self._distributed_dataset)
         self.plan = plan
         self.position = position
-        # Iterators of a PyDataset or a generator read a Python object (its
-        # shuffle draws from Python's random module in a tf.data thread), so
-        # making and dropping them would only race with the restored state.
-        self._replays_iterators = not isinstance(adapter, (_PyDatasetAdapter, _GeneratorDataAdapter))
+        self.cursor = DataCursor(
+            functools.partial(iter, self._get_iterator()),  # not a closure over self: no cycle keeps the data
+            position,
+            # Iterators of a PyDataset or a generator read a Python object (its
+            # shuffle draws from Python's random module in a tf.data thread), so
+            # making and dropping them would only race with the restored state.
+            replays_iterators=not isinstance(adapter, (_PyDatasetAdapter, _GeneratorDataAdapter)),
+            # Data whose length is not known in advance may end before the epoch's steps do (also
+            # where `steps_per_epoch` or an epoch that ran dry gave Keras a number): with one step
+            # per execution, the execution that finds the data exhausted still counts an optimizer
+            # iteration and draws seeds (the step's state updates do not wait for the batch); a
+            # fused execution stops before its loop body.
+            may_run_dry=adapter.num_batches is None and not _infinite(self._distributed_dataset),
+        )
         self._drops_unread_iterators = isinstance(adapter, _ArrayDataAdapter)
-        # Data whose length is not known in advance may end before the epoch's steps do (also where
-        # `steps_per_epoch` or an epoch that ran dry gave Keras a number). The plan is then told no
-        # number, so that it runs one step per execution: with one step, the execution that finds
-        # the data exhausted still counts an optimizer iteration and draws seeds (the step's state
-        # updates do not wait for the batch); a fused execution stops before its loop body.
-        self._may_run_dry = adapter.num_batches is None and not _infinite(self._distributed_dataset)
         if position is not None:
             position.element_spec = self._get_iterator().element_spec
             position.adapter = adapter
@@ -236,7 +250,7 @@ class EpochIterator(_TFEpochIterator):
         if self._epoch_iterator is not None:
             self._epoch_iterator.close()
         self._epoch_iterator = None
-        self._current_iterator = None
+        self.cursor.drop_iterator()
 
     def __enter__(self) -> EpochIterator:
         return self
@@ -244,65 +258,64 @@ class EpochIterator(_TFEpochIterator):
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _new_iterator(self) -> Any:
-        if self.position is not None:
-            self.position.iterator_made()
-        return iter(self._get_iterator())
+    # Keras' own attributes for the current data iterator and the batches read from it, which its
+    # __init__, reset and catch_stop_iteration set or read, are the cursor's.
+
+    @property
+    def _current_iterator(self) -> Any:
+        cursor = self.__dict__.get("cursor")
+        return cursor.iterator if cursor is not None else None
+
+    @_current_iterator.setter
+    def _current_iterator(self, value: Any) -> None:
+        if value is not None:
+            raise AssertionError("custom_fit's epoch iterator makes its data iterators through its cursor")
+        cursor = self.__dict__.get("cursor")
+        if cursor is not None:
+            cursor.drop_iterator()
+
+    @property
+    def _steps_seen(self) -> int:
+        cursor = self.__dict__.get("cursor")
+        return cursor.read if cursor is not None else 0
+
+    @_steps_seen.setter
+    def _steps_seen(self, value: int) -> None:  # Keras sets 0 with the iterator it drops
+        pass
 
     def _enumerate_iterator(self) -> Iterator[tuple[int, int, Execution]]:
-        position, adapter = self.position, self.data_adapter
-        resume = position.take_resume() if position is not None else None
+        cursor, adapter = self.cursor, self.data_adapter
+        resume = cursor.take_resume()
         if resume is not None:
-            while self._replays_iterators and position.iterators_made < resume.iterator:
-                self._new_iterator()
+            cursor.replay_before(resume)
             if resume.data_epoch is not None and data_epoch(adapter) is not None:
                 adapter._epoch = resume.data_epoch  # the count the interrupted run's adapter had reached
-        if position is not None:
-            position.epoch_begins(data_epoch(adapter))
+        if self.position is not None:
+            self.position.epoch_begins(data_epoch(adapter))
         adapter.on_epoch_begin()
         steps_per_epoch = self.steps_per_epoch or self._num_batches or -1
-        if steps_per_epoch > 0:
-            step = 0
-            if resume is not None:
-                self._current_iterator = self._new_iterator()
-                for _ in range(resume.skip):  # batches the interrupted run had read
-                    next(self._current_iterator)
-                self._steps_seen, step = resume.skip, resume.step
-            elif self._current_iterator is None or self.steps_per_epoch is None:
-                self._current_iterator = self._new_iterator()
-                self._steps_seen = 0
-            if position is not None:
-                position.reading(batches_before_step_0=self._steps_seen - step)
-            while step < steps_per_epoch:
-                if self._num_batches and self._steps_seen >= self._num_batches:
-                    if self.steps_per_epoch:
-                        self._interrupted_warning()
-                    break
-                steps = self.plan(None if self._may_run_dry else steps_per_epoch - step)
-                self._steps_seen += steps
-                yield step, steps, Execution(self._current_iterator, steps)
-                step += steps
-            kept = self.steps_per_epoch is not None  # the next epoch reads on from this iterator
-            if self._num_batches and self._steps_seen >= self._num_batches:
-                unread = self._drops_unread_iterators and not kept
-                self._current_iterator = None if unread else self._new_iterator()
-                self._steps_seen = 0
-            if position is not None:
-                position.epoch_ends(next_skip=self._steps_seen if kept else None)
-        else:  # unknown length
-            iterator = self._new_iterator()
-            step = 0
-            if resume is not None:
-                for _ in range(resume.skip):
-                    next(iterator)
-                step = resume.step
-            if position is not None:
-                position.reading(batches_before_step_0=0)
-            while True:
-                steps = self.plan(None)
-                self._steps_seen = step + steps
-                yield step, steps, Execution(iterator, steps)
-                step += steps
+        known = steps_per_epoch > 0
+        if resume is None and (not known or cursor.iterator is None or self.steps_per_epoch is None):
+            cursor.new_iterator()  # unless the epoch reads on from the last one (steps_per_epoch)
+
+        def ran_dry() -> bool:  # known-length data read to its end before the epoch's steps
+            dry = bool(self._num_batches) and cursor.read >= self._num_batches
+            if dry and self.steps_per_epoch:
+                self._interrupted_warning()
+            return dry
+
+        first = cursor.start_epoch(resume)
+        epoch_steps = steps_per_epoch if known else None
+        executions = cursor.executions(first, lambda: epoch_steps, self.plan, ran_dry=ran_dry, shortens_last=False)
+        for step, steps in executions:
+            yield step, steps, Execution(cursor.iterator, steps)
+        kept = self.steps_per_epoch is not None  # the next epoch reads on from this iterator
+        if self._num_batches and cursor.read >= self._num_batches:
+            if self._drops_unread_iterators and not kept:
+                cursor.drop_iterator()
+            else:
+                cursor.new_iterator()
+        cursor.end_epoch(next_reads_on=kept)
         adapter.on_epoch_end()
 
 

@@ -1,9 +1,29 @@
-"""Where ``fit`` reads its data: the position a backup records.
+"""Where ``fit`` reads its data: the position a backup records, and the one owner of the replay and the skip.
 
 :class:`Position` is a point where ``fit`` can stop and resume;
 :class:`EpochPosition` is where the running ``fit`` reads (which iterator,
 how many of its batches before step 0), kept by its
-:class:`~custom_fit._trainer.progress.Progress`.
+:class:`~custom_fit._trainer.progress.Progress`; :class:`DataCursor` is what an
+epoch iterator reads through.
+
+Each Keras' epoch iterator (:class:`custom_fit._compat.keras3_only.EpochIterator`,
+:class:`custom_fit._compat.keras2_loop.EpochIterator`) decides where that
+Keras makes its data iterators and when the data ran out; what a resumed
+``fit`` needs from them is the same on both and is kept here:
+
+* which data iterator is current and how many of its batches were read;
+* in a resumed run, making the interrupted run's iterators again (each new
+  iterator of a ``tf.data`` pipeline with a seeded ``shuffle`` draws the next
+  order) and skipping the batches it had trained;
+* the epoch's executions: the steps of each, asked of the plan (told no
+  number left where the data may end before the epoch's steps do: it then
+  runs one step per execution), and where the epoch ends (its steps done,
+  or the data ran dry);
+* what :class:`EpochPosition` records, so that a backup says where to resume.
+
+It is bookkeeping over an iterator factory, with no TensorFlow in it, so a
+resume's replay and skip are tested with plain Python iterators
+(``tests/trainer/test_data_position.py``).
 
 Nothing in this module is public API.
 """
@@ -11,12 +31,12 @@ Nothing in this module is public API.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from custom_fit._random_state import RandomState
 
-__all__ = ["EpochPosition", "Position"]
+__all__ = ["DataCursor", "EpochPosition", "Position"]
 
 
 class EpochPosition:
@@ -128,3 +148,146 @@ class Position:
     data_epoch: int | None = None
     trained_steps: int | None = None
     validation_logs: dict[str, Any] | None = None
+
+
+class DataCursor:
+    """The current data iterator of an epoch iterator, the batches read from it, and the position it reports.
+
+    Args:
+        make_iterator: Makes a new data iterator (the Keras' dataset's ``iter``).
+        position: The running ``fit``'s data position, else ``None``
+            (``evaluate``, ``predict``).
+        replays_iterators: Whether a resumed run makes the interrupted run's
+            earlier iterators again (``tf.data``: each draws its own order),
+            or reads on in one (a ``PyDataset`` or a generator reads a Python
+            object: making and dropping iterators would only race with it).
+        may_run_dry: Whether the data may end before the epoch's steps do
+            (its length is not known in advance): the plan is then told no
+            number of steps left.
+
+    Example:
+        >>> position = EpochPosition()
+        >>> cursor = DataCursor(lambda: iter(range(10)), position, replays_iterators=True, may_run_dry=False)
+        >>> position.resume = Position(epoch=0, step=3, iterator=1, skip=3)
+        >>> cursor.start_epoch(cursor.take_resume())  # the 2nd iterator made, 3 batches skipped: step 3
+        3
+        >>> position.iterators_made, next(cursor.iterator)
+        (2, 3)
+    """
+
+    def __init__(
+        self,
+        make_iterator: Callable[[], Iterator[Any]],
+        position: EpochPosition | None,
+        *,
+        replays_iterators: bool,
+        may_run_dry: bool,
+    ):
+        self._make = make_iterator
+        self.position = position
+        self.replays_iterators = replays_iterators
+        self.may_run_dry = may_run_dry
+        #: The data iterator the epoch reads (``None``: none made, or dropped).
+        self.iterator: Any = None
+        #: How many batches were read from :attr:`iterator`.
+        self.read = 0
+
+    def new_iterator(self) -> Any:
+        """Makes a new data iterator, the current one (and tells the position)."""
+        if self.position is not None:
+            self.position.iterator_made()
+        self.iterator = self._make()
+        self.read = 0
+        return self.iterator
+
+    def drop_iterator(self) -> None:
+        """Drops the current iterator (the next epoch makes one)."""
+        self.iterator = None
+        self.read = 0
+
+    def take_resume(self) -> Position | None:
+        """Where the first epoch of a resumed ``fit`` starts, once; else ``None``."""
+        return self.position.take_resume() if self.position is not None else None
+
+    def replay_before(self, resume: Position) -> None:
+        """Makes and drops the iterators the interrupted run had made before the one ``resume`` names.
+
+        Only where :attr:`replays_iterators`; :meth:`start_epoch` makes that one
+        and would make these too: Keras 3 makes them before its data's epoch
+        hooks run, as the interrupted run had.
+        """
+        while self.replays_iterators and self._iterators_made() < resume.iterator:
+            self.new_iterator()
+
+    def start_epoch(self, resume: Position | None, first_step: int = 0) -> int:
+        """The epoch's first step, its iterator ready: where ``resume`` says, else ``first_step``.
+
+        In a resumed epoch the iterator that ``resume`` names is made current
+        (the earlier ones are made and dropped where :attr:`replays_iterators`;
+        otherwise one is made if none is current) and the batches read before
+        its step are skipped. The position learns how many batches of the
+        iterator come before step 0.
+        """
+        step = first_step
+        if resume is not None:
+            while self.replays_iterators and self._iterators_made() <= resume.iterator:
+                self.new_iterator()
+            if self.iterator is None:
+                self.new_iterator()
+            for _ in range(resume.skip - self.read):  # batches the interrupted run had read
+                next(self.iterator)
+            self.read = max(self.read, resume.skip)
+            step = resume.step
+        if self.position is not None:
+            self.position.reading(batches_before_step_0=self.read - step)
+        return step
+
+    def executions(
+        self,
+        step: int,
+        epoch_steps: Callable[[], int | None],
+        plan: Callable[[int | None], int],
+        *,
+        ran_dry: Callable[[], bool],
+        shortens_last: bool,
+    ) -> Iterator[tuple[int, int]]:
+        """The epoch's executions from ``step`` on, as ``(first step, steps)``; each reads its batches.
+
+        Args:
+            step: The epoch's first step (:meth:`start_epoch`).
+            epoch_steps: The epoch's number of steps, asked before each
+                execution (``None``: unknown; tf_keras learns it when the
+                first epoch of such data runs dry).
+            plan: The next execution's number of steps, given the steps left
+                (told ``None`` where :attr:`may_run_dry`).
+            ran_dry: Asked before each execution: whether the data ran out
+                (the epoch then ends).
+            shortens_last: Whether an execution is cut to the steps left
+                (tf_keras); Keras 3 numbers the last one as if whole.
+
+        Example:
+            >>> cursor = DataCursor(lambda: iter(range(8)), None, replays_iterators=True, may_run_dry=False)
+            >>> cursor.new_iterator() is not None
+            True
+            >>> list(cursor.executions(0, lambda: 8, lambda left: 3, ran_dry=lambda: False, shortens_last=True))
+            [(0, 3), (3, 3), (6, 2)]
+        """
+        while (steps := epoch_steps()) is None or step < steps:
+            if ran_dry():
+                return
+            left = None if steps is None else steps - step
+            count = plan(None if self.may_run_dry else left)
+            if shortens_last and left is not None:
+                count = min(count, left)
+            self.read += count
+            yield step, count
+            step += count
+
+    def end_epoch(self, *, next_reads_on: bool) -> None:
+        """The epoch's steps are done; ``next_reads_on``: the next epoch reads on from the current iterator."""
+        if self.position is not None:
+            self.position.epoch_ends(next_skip=self.read if next_reads_on else None)
+
+    def _iterators_made(self) -> int:
+        assert self.position is not None  # a resume comes only through a position
+        return self.position.iterators_made

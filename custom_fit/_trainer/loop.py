@@ -19,7 +19,7 @@ instead of patching Keras' objects from outside:
   execution fuses, and the loop tells it each execution that ran; the epoch
   iterator (over Keras' epoch iterator or tf_keras' data handler) asks it
   before each execution, where it knows the steps left, and reports to the
-  call's :class:`~custom_fit._trainer.progress.EpochPosition`;
+  call's :class:`~custom_fit._trainer.data_position.EpochPosition`;
 * each ``fit`` owns a :class:`~custom_fit._trainer.progress.Progress` (epoch, step,
   data position), which it moves along and hands to the callbacks that take
   it: :class:`~custom_fit.BackupAndRestore` saves its ``state_dict`` and

@@ -6,11 +6,13 @@ step) and hands to the callbacks that take it (``set_progress``, as Keras
 hands the model with ``set_model``). :class:`custom_fit.BackupAndRestore`
 writes its :meth:`~Progress.state_dict` into each backup and loads a backup's
 with :meth:`~Progress.load_state_dict` before the first epoch; the loop then
-starts there. Its :class:`EpochPosition` also says where the data is: the
-epoch iterator of the Keras in use (``_compat.loop.EpochIterator``: Keras 3's
-subclass, or custom_fit's over tf_keras' data handler) reports to it which
-data iterator each batch comes from, and starts a resumed epoch after the
-batches already trained. Neither knows the model or the loop, so both may
+starts there. Its :class:`~custom_fit._trainer.data_position.EpochPosition`
+also says where the data is: the epoch iterator of the Keras in use
+(``_compat.loop.EpochIterator``: Keras 3's subclass, or custom_fit's over
+tf_keras' data handler) reads through a
+:class:`~custom_fit._trainer.data_position.DataCursor`, which reports to it
+which data iterator each batch comes from and starts a resumed epoch after
+the batches already trained. Neither knows the model or the loop, so both may
 hold them.
 
 Nothing in this module is public API.
