@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 import tensorflow as tf
@@ -190,3 +192,24 @@ def test_threads_stay_when_the_runtime_is_running():
     threads = bench.pin_threads(current + 1)
     assert threads["pinned"] is False and "after initialization" in threads["note"]
     assert tf.config.threading.get_intra_op_parallelism_threads() == threads["intra_op"] == current
+
+
+@pytest.mark.keras3
+def test_the_measured_alternative_to_keras_3s_swapped_gradient_sum_is_what_the_code_says(tmp_path):
+    """``benchmarks/summed_gradients.py``, quick: the reason next to ``keras3._gradients_already_summed``.
+
+    Dividing the sum by N and letting the optimizer sum again all-reduces twice the values per step, gives
+    the same weights on 2 and 4 replicas and other weights on 3 (timings are not asserted).
+    """
+    command = [sys.executable, str(bench.HERE / "summed_gradients.py"), "--steps", "3", "--rounds", "2"]
+    command += ["--out", str(tmp_path)]
+    subprocess.run(command, check=True, capture_output=True, timeout=600)
+    result = json.loads((tmp_path / "results_summed_gradients.json").read_text())
+    rows = {row["replicas"]: row for row in result["exactness_and_traffic"]}
+    assert sorted(rows) == [2, 3, 4]
+    for row in rows.values():
+        swap, other = row["all_reduced_values_per_step"].values()
+        assert (swap, other) == (row["weights"], 2 * row["weights"])
+    assert rows[2]["weights_that_differ"] == rows[4]["weights_that_differ"] == 0
+    assert rows[3]["weights_that_differ"] > 0 and 0 < rows[3]["max_abs_difference"] < 1e-6
+    assert result["time"]["rounds"] == 2 and (tmp_path / "results_summed_gradients.md").exists()
