@@ -438,12 +438,16 @@ def _pass_through(grads_and_vars: Any) -> list[Any]:
 #: A swap kept on purpose (tests/end_to_end/test_layout.py lists it; docs/keras_internals.md,
 #: ``k3-all-reduce-sum``): Keras 3 sums in ``TFOptimizer._all_reduce_sum_gradients``, called by ``_backend_update_step``
 #: whenever a replica context exists, with no argument to skip it (3.8 to 3.16-dev, the
-#: hashes in internals.json); tf_keras has one and gets it (``keras2_accumulation``). The
-#: only other way not to sum is to update in cross-replica context, one ``merge_call`` per
-#: step, which needs a swap of its own (``in_one_merge_call``'s ``_use_merge_call``). So the
-#: method is replaced on the optimizer instance while the update is traced, and Keras' own is
-#: back after it (:func:`shared_while_inside`: the replica threads meet in the update's
-#: ``merge_call`` before any of them leaves).
+#: hashes in internals.json); tf_keras has one and gets it (``keras2_accumulation``). To update
+#: in cross-replica context, where it does not sum, needs a swap of its own (``in_one_merge_call``'s
+#: ``_use_merge_call``). The one way without a swap, handing the optimizer the sum divided by the
+#: replica count for it to sum again, was measured (benchmarks/summed_gradients.py,
+#: benchmarks/results/results_summed_gradients.md): it all-reduces twice the values per step
+#: (153,620 instead of 76,810 for an MLP), trains at 0.873 [0.798, 0.985] of the throughput on two
+#: logical CPUs, and is not exact where the count is no power of two (3 replicas: 16,205 of
+#: 76,810 weights differ after 20 steps). So the method is replaced on the optimizer instance while
+#: the update is traced, and Keras' own is back after it (:func:`shared_while_inside`: the replica
+#: threads meet in the update's ``merge_call`` before any of them leaves).
 _gradients_already_summed = shared_while_inside(
     lambda inner: object.__setattr__(inner, "_all_reduce_sum_gradients", _pass_through),  # untracked: not state
     lambda inner, _: object.__delattr__(inner, "_all_reduce_sum_gradients"),  # Keras' own method again
