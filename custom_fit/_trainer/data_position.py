@@ -230,8 +230,9 @@ class DataCursor:
         """
         step = first_step
         if resume is not None:
-            while self.replays_iterators and self._iterators_made() <= resume.iterator:
-                self.new_iterator()
+            self.replay_before(resume)
+            if self.replays_iterators and self._iterators_made() == resume.iterator:
+                self.new_iterator()  # the one resume names
             if self.iterator is None:
                 self.new_iterator()
             for _ in range(resume.skip - self.read):  # batches the interrupted run had read
