@@ -19,7 +19,7 @@ other way would change:
 * **Traffic.** Values all-reduced per step (counted from ``ReplicaContext.all_reduce`` while the step
   is traced): the other way all-reduces every gradient a second time.
 * **Time.** Seconds per step of each way on 2 logical CPUs, paired rounds in random order, the median
-  ratio with its distribution-free 95% interval (``bench.ratio_stats``). On CPU an all-reduce is a
+  ratio with its distribution-free 95% interval (``bench.measure``, ``--rounds`` rounds). On CPU an all-reduce is a
   copy in memory; across GPUs or machines it is the step's largest communication.
 """
 
@@ -33,7 +33,6 @@ import os
 import random
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -59,7 +58,7 @@ tf.config.set_logical_device_configuration(
 )
 
 import custom_fit
-from benchmarks.bench import ratio_stats
+from benchmarks import bench
 from custom_fit import keras
 from custom_fit._compat import keras3
 
@@ -136,32 +135,37 @@ def trained(way: str, replicas: int, steps: int) -> tuple[list[np.ndarray], int]
 
 
 def timed(replicas: int, rounds: int, seed: int) -> dict[str, Any]:
-    """Seconds per step of both ways, paired rounds in random order; the ratio other way / swap."""
+    """Seconds per step of both ways, ``rounds`` paired rounds in random order (``bench.measure``)."""
     strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
     steps = 50
     x, y = data(replicas, steps)
-    runs = {}
-    for way in WAYS:
-        model = model_in(strategy)
-        dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH_PER_REPLICA * replicas)
-        other = divided_and_summed_again() if way == WAYS[1] else contextlib.nullcontext()
-        with other:
-            model.fit(dataset, epochs=1, verbose=0)  # traced here, with its way
-        runs[way] = (model, dataset)
-    order = random.Random(seed)
-    seconds: dict[str, list[float]] = {way: [] for way in WAYS}
-    for _ in range(rounds):
-        for way in order.sample(WAYS, len(WAYS)):
-            model, dataset = runs[way]
-            start = time.perf_counter()
-            model.fit(dataset, epochs=1, verbose=0)
-            seconds[way].append((time.perf_counter() - start) / steps)
-    logs = [math.log(t_swap / t_other) for t_swap, t_other in zip(seconds[WAYS[0]], seconds[WAYS[1]], strict=True)]
+
+    def builder(way: str) -> bench.Builder:
+        def build() -> bench.Run:
+            model = model_in(strategy)
+            dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH_PER_REPLICA * replicas)
+            with divided_and_summed_again() if way == WAYS[1] else contextlib.nullcontext():
+                model.fit(dataset, epochs=1, verbose=0)  # traced here, with its way
+            return lambda: model.fit(dataset, epochs=1, verbose=0)
+
+        return build
+
+    workload = bench.Workload(
+        title=f"summed gradients, {replicas} replicas",
+        samples=steps * BATCH_PER_REPLICA * replicas,
+        reference=WAYS[0],
+        loop=None,
+        builders={way: builder(way) for way in WAYS},
+    )
+    settings = {"min_rounds": rounds, "max_rounds": rounds, "max_seconds": math.inf}  # exactly `rounds`
+    variants = bench.measure(workload, settings, random.Random(seed))["variants"]
     return {
         "replicas": replicas,
         "rounds": rounds,
-        "seconds_per_step_median": {way: float(np.median(s)) for way, s in seconds.items()},
-        "throughput_ratio_other_way_to_swap": ratio_stats(logs),
+        "seconds_per_step_median": {way: variants[way]["wall_s_median"] / steps for way in WAYS},
+        "throughput_ratio_other_way_to_swap": {
+            stat: variants[WAYS[1]][f"ratio_to_reference_{stat}"] for stat in bench.STATS
+        },
     }
 
 

@@ -443,9 +443,10 @@ def _pass_through(grads_and_vars: Any) -> list[Any]:
 #: ``_use_merge_call``). The one way without a swap, handing the optimizer the sum divided by the
 #: replica count for it to sum again, was measured (benchmarks/summed_gradients.py,
 #: benchmarks/results/results_summed_gradients.md): it all-reduces twice the values per step
-#: (153,620 instead of 76,810 for an MLP), trains at 0.873 [0.798, 0.985] of the throughput on two
-#: logical CPUs, and is not exact where the count is no power of two (3 replicas: 16,205 of
-#: 76,810 weights differ after 20 steps). So the method is replaced on the optimizer instance while
+#: (153,620 instead of 76,810 for an MLP; on two logical CPUs, where an all-reduce is a copy in
+#: memory, its throughput was not told apart: 0.973 [0.817, 1.085] of the swap's), and is not
+#: exact where the count is no power of two (3 replicas: 16,205 of 76,810 weights differ after 20
+#: steps). So the method is replaced on the optimizer instance while
 #: the update is traced, and Keras' own is back after it (:func:`shared_while_inside`: the replica
 #: threads meet in the update's ``merge_call`` before any of them leaves).
 _gradients_already_summed = shared_while_inside(

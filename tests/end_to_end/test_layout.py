@@ -201,7 +201,7 @@ def test_one_place_creates_optimizer_state() -> None:
 TRACE_TIME_SWAPS = {
     # Keras 3 sums in TFOptimizer._all_reduce_sum_gradients with no argument to skip it (3.8 to 3.16-dev);
     # the way without a swap (the sum divided by N, summed again) was measured: twice the all-reduced values,
-    # 0.873 [0.798, 0.985] of the throughput, inexact for 3 replicas (benchmarks/summed_gradients.py).
+    # inexact for 3 replicas (benchmarks/summed_gradients.py).
     "custom_fit._compat.keras3._gradients_already_summed",
     # tf_keras' LossScaleOptimizer calls its inner optimizer's apply_gradients from its own cross-replica
     # branch; the alternative is a copy of that branch (its loss-scale state, _UnwrapPreventer).
