@@ -41,7 +41,8 @@ from custom_fit._backup_store import BackupStore
 from custom_fit._compat import version
 from custom_fit._preemption import PREEMPTION_EXIT_CODE
 from custom_fit._random_state import RandomState
-from custom_fit._trainer.progress import Position, Progress
+from custom_fit._trainer.data_position import Position
+from custom_fit._trainer.progress import Progress
 from tests import crash_cases, parity
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -27,7 +27,7 @@ from typing import Any
 from custom_fit import _compat
 from custom_fit._trainer.data_position import EpochPosition, Position
 
-__all__ = ["EpochPosition", "Position", "Progress", "epoch_metrics"]
+__all__ = ["Progress", "epoch_metrics"]
 
 
 class Progress:
