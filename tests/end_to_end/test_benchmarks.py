@@ -13,6 +13,7 @@ import sys
 import pytest
 import tensorflow as tf
 
+import custom_fit
 from benchmarks import bench
 
 pytestmark = pytest.mark.slow
@@ -213,3 +214,33 @@ def test_the_measured_alternative_to_keras_3s_swapped_gradient_sum_is_what_the_c
     assert rows[2]["weights_that_differ"] == rows[4]["weights_that_differ"] == 0
     assert rows[3]["weights_that_differ"] > 0 and 0 < rows[3]["max_abs_difference"] < 1e-6
     assert result["time"]["rounds"] == 2 and (tmp_path / "results_summed_gradients.md").exists()
+
+
+def test_the_measured_ways_without_the_other_trace_time_swaps_are_what_the_code_says(tmp_path):
+    """``benchmarks/trace_time_swaps.py`` on the Keras under test: the reasons next to the other kept swaps.
+
+    Keras 3 names none of a penalty's ops for its regularizer (tf_keras names every one, but a step
+    run eagerly makes no graph); on Keras 3 both ways to update in one merge call without the swap
+    fail; on tf_keras accumulating above the loss scale throws away finite micro-steps with a
+    non-finite one and shows the loss scale one step in 4.
+    """
+    command = [sys.executable, str(bench.HERE / "trace_time_swaps.py"), "--out", str(tmp_path)]
+    subprocess.run(command, check=True, capture_output=True, timeout=600)
+    name = "keras2" if custom_fit.KERAS_2 else "keras3"
+    result = json.loads((tmp_path / f"results_trace_time_swaps_{name}.json").read_text())
+    assert (tmp_path / f"results_trace_time_swaps_{name}.md").exists()
+    penalty = result["penalty_in_graph"]
+    assert penalty["ops"] > 0
+    assert penalty["named_for_a_regularizer"] == (penalty["ops"] if custom_fit.KERAS_2 else 0)
+    if not custom_fit.KERAS_2:
+        swap, cross_replica, in_replicas = result["merge_call"]
+        assert (swap["ends"], swap["updates"]) == ("trains", 2)  # 4 steps, one update per 2
+        assert cross_replica["ends"].startswith("AttributeError") and "merge_call" in cross_replica["ends"]
+        assert in_replicas["ends"].startswith("RuntimeError") and "inside a tf.cond" in in_replicas["ends"]
+        return
+    below, above = result["accumulation_and_loss_scale"]
+    assert below["loss_scale_steps"] == below["micro_steps"] == 12 and above["loss_scale_steps"] == 3
+    assert below["skipped_by_the_finite_check"] >= 1 and below["accumulated_non_finite"] == 0
+    assert below["finite_micro_steps_thrown_away"] == 0
+    assert above["accumulated_non_finite"] >= 1 and above["finite_micro_steps_thrown_away"] > 0
+    assert below["weights_finite"] and above["weights_finite"]
