@@ -156,9 +156,11 @@ def test_named_optimizer_given_other_variables():
         fit(model)
 
 
-def test_regularization_never_added_warns():
+@pytest.mark.parametrize("run_eagerly", [False, True], ids=["traced", "eager"])
+def test_regularization_never_added_warns(run_eagerly):
+    """Eagerly too, where the step makes no graph that a check could read the penalty from."""
     model = TwoHeads(regularize=True)
-    model.compile(optimizer={"encoder": "adam", "head": "adam"})
+    model.compile(optimizer={"encoder": "adam", "head": "adam"}, run_eagerly=run_eagerly)
     with pytest.warns(
         custom_fit.UnusedRegularizationWarning,
         match=(
@@ -169,7 +171,8 @@ def test_regularization_never_added_warns():
         fit(model)
 
 
-def test_regularization_added_does_not_warn():
+@pytest.mark.parametrize("run_eagerly", [False, True], ids=["traced", "eager"])
+def test_regularization_added_does_not_warn(run_eagerly):
     class Regularized(TwoHeads):
         def train_step(self, data):
             x, y = data
@@ -181,7 +184,7 @@ def test_regularization_added_does_not_warn():
             return {"loss": loss}
 
     model = Regularized(regularize=True)
-    model.compile(optimizer={"encoder": "adam", "head": "adam"})
+    model.compile(optimizer={"encoder": "adam", "head": "adam"}, run_eagerly=run_eagerly)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         fit(model)

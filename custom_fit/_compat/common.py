@@ -446,6 +446,16 @@ def in_one_merge_call(
     functions directly. With ``direct_updates=False`` it does not: ``update``
     goes back into the replicas itself (``call_for_each_replica``, as Keras'
     ``LossScaleOptimizer`` does in its branch).
+
+    The swap of ``_use_merge_call`` is kept on purpose
+    (``tests/end_to_end/test_layout.py`` lists it): TensorFlow has no public
+    switch for it, and the ways without it were measured
+    (``benchmarks/trace_time_swaps.py``, Keras 3's
+    ``gradient_accumulation_steps`` on 2 replicas): Keras' update in
+    cross-replica context without it ends in an ``AttributeError`` (no
+    replica context to ``merge_call`` from), and back in the replicas its
+    ``merge_call`` is inside Keras' accumulation branch again (the error
+    ``explained_merge_call_error`` rewrites).
     """
 
     def cross_replica(strategy: tf.distribute.Strategy, values: list[Any]) -> None:

@@ -559,8 +559,11 @@ def _restore_penalties(model: Any, counters: dict[int, CountingCall]) -> None:
 #: the step is traced tells whether the step computed it at all. The layers' penalties are
 #: Keras' own again when the context ends.
 #: A swap kept on purpose (tests/end_to_end/test_layout.py lists it): Keras records nothing when
-#: it computes a penalty, and in the traced graph the penalty's reads of a variable look like the
-#: forward pass's; without the count, a step that drops the penalties trains unregularized silently.
+#: it computes a penalty. tf_keras names a penalty's ops in a traced graph (``kernel/Regularizer/...``,
+#: 4 of 4 for an L2 penalty, measured by ``benchmarks/trace_time_swaps.py``), but a step run eagerly
+#: (``run_eagerly=True``) makes no graph, and the check must warn there too (as it does on Keras 3,
+#: whose penalty ops carry no such name); without the count, a step that drops the penalties trains
+#: unregularized silently.
 counting_regularizer_calls = shared_while_inside(_count_regularizer_calls, _restore_penalties)
 
 

@@ -583,8 +583,10 @@ def _restore_regularizers(model: keras.Model, counters: dict[int, CountingCall])
 #: is traced tells whether the step computed it at all. The regularizers are Keras' own again
 #: when the context ends.
 #: A swap kept on purpose (tests/end_to_end/test_layout.py lists it): Keras records nothing when
-#: it computes a penalty, and in the traced graph the penalty's reads of a variable look like the
-#: forward pass's; without the count, a step that drops the penalties trains unregularized silently.
+#: it computes a penalty, and a check without a counter would have to find the penalty in the traced
+#: graph. Measured (``benchmarks/trace_time_swaps.py``): Keras 3 names none of one L2 penalty's 6 ops
+#: for a regularizer (``Square``, ``Sum``, ``mul``, as any step's), and a step run eagerly makes no
+#: graph; without the count, a step that drops the penalties trains unregularized silently.
 counting_regularizer_calls = shared_while_inside(_count_regularizer_calls, _restore_regularizers)
 
 

@@ -8,11 +8,14 @@ with the module and line, whichever Keras runs.
 from __future__ import annotations
 
 import ast
+import itertools
+import re
 from pathlib import Path
 
 import custom_fit
 
 PACKAGE = Path(custom_fit.__file__).parent
+ROOT = PACKAGE.parent
 
 
 def _modules() -> dict[str, Path]:
@@ -195,7 +198,7 @@ def test_one_place_creates_optimizer_state() -> None:
 
 
 # The Keras and TensorFlow objects custom_fit changes while a step is traced (a method or attribute put
-# on the instance, then taken away), each with its measured or read reason next to it in the code. Issue
+# on the instance, then taken away), each with its measured reason next to it in the code. Issue
 # 50 asked for none; these are what could not go. tf_keras' gradient sum, swapped here before, now
 # takes tf_keras' own argument (``keras2_accumulation._without_second_sum``).
 TRACE_TIME_SWAPS = {
@@ -204,14 +207,18 @@ TRACE_TIME_SWAPS = {
     # inexact for 3 replicas (benchmarks/summed_gradients.py).
     "custom_fit._compat.keras3._gradients_already_summed",
     # tf_keras' LossScaleOptimizer calls its inner optimizer's apply_gradients from its own cross-replica
-    # branch; the alternative is a copy of that branch (its loss-scale state, _UnwrapPreventer).
+    # branch; the alternatives are a copy of that branch (its loss-scale state, _UnwrapPreventer) or
+    # accumulating above it, measured: the loss scale sees 3 steps of 12, and a non-finite step throws
+    # away the finite ones accumulated with it (benchmarks/trace_time_swaps.py).
     "custom_fit._compat.keras2_accumulation._accumulating_below",
     # The warning for a step that never computes the weight penalties: Keras computes one only by
     # calling the regularizer (Keras 2: a layer's closure) when `losses` is read, and records nothing.
+    # Measured: Keras 3 names none of a penalty's graph ops for it, and run eagerly there is no graph.
     "custom_fit._compat.keras3.counting_regularizer_calls",
     "custom_fit._compat.keras2.counting_regularizer_calls",
     # An accumulating update in cross-replica context: Keras' maybe_merge_call asks the strategy's
-    # _use_merge_call, which has no public switch (TensorFlow sets it so for XLA on GPUs).
+    # _use_merge_call, which has no public switch (TensorFlow sets it so for XLA on GPUs). Measured:
+    # without it the update fails in cross-replica context and back in the replicas alike.
     "custom_fit._compat.common.in_one_merge_call",
 }
 
@@ -247,6 +254,30 @@ def _trace_time_swaps(name: str, path: Path) -> set[str]:
 def test_keras_objects_are_changed_while_a_step_is_traced_only_where_listed() -> None:
     found = set().union(*(_trace_time_swaps(name, path) for name, path in _modules().items()))
     assert found == TRACE_TIME_SWAPS
+
+
+def _reason(name: str, path: Path) -> str:
+    """The ``#:`` comment block above ``X = ...``, or the docstring of ``def X``: where a swap's reason is written."""
+    attribute = name.rsplit(".", 1)[1]
+    tree = ast.parse(path.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == attribute:
+            return ast.get_docstring(node) or ""
+        if isinstance(node, ast.Assign) and any(ast.unparse(t) == attribute for t in node.targets):
+            lines = path.read_text().splitlines()[: node.lineno - 1]
+            block = list(itertools.takewhile(lambda line: line.startswith("#:"), reversed(lines)))
+            return "\n".join(reversed(block))
+    return ""
+
+
+def test_each_swap_kept_cites_the_measurement_of_the_way_without_it() -> None:
+    """Issue 50: a swap that could not go has its measured reason next to it, from a script in benchmarks/."""
+    modules = _modules()
+    for name in sorted(TRACE_TIME_SWAPS):
+        reason = _reason(name, modules[name.rsplit(".", 1)[0]])
+        scripts = re.findall(r"benchmarks/(\w+\.py)", reason)
+        assert scripts, f"{name}: its reason cites no measurement (benchmarks/<script>.py): {reason!r}"
+        assert all((ROOT / "benchmarks" / script).exists() for script in scripts), (name, scripts)
 
 
 def test_the_swap_finder_finds_both_forms(tmp_path: Path) -> None:
