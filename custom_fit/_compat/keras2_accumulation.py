@@ -175,12 +175,14 @@ def _install(inner: Any) -> None:
 #:
 #: A swap kept on purpose (tests/end_to_end/test_layout.py lists it): tf_keras' ``LossScaleOptimizer``
 #: calls its inner optimizer's ``apply_gradients`` from its own cross-replica branch, only on a
-#: finite step and after its loss scale saw the step. Not swapping means either a copy of that
-#: branch (its private loss-scale state and ``_UnwrapPreventer``, both ``LossScaleOptimizer``
-#: kinds), or accumulating above it (Keras 3 accumulates below it: the meaning the option has on
-#: both). Accumulating above was measured (``benchmarks/trace_time_swaps.py``: ``mixed_float16``, 12
-#: steps, N=4, one step overflowing): the loss scale saw 3 steps of 12 (below: 12), and the one
-#: non-finite step threw away the 3 finite steps accumulated with it (below: none).
+#: finite step and after its loss scale saw the step. Not swapping means a copy of that branch
+#: (its private loss-scale state and ``_UnwrapPreventer``, both ``LossScaleOptimizer`` kinds), an
+#: accumulating wrapper below it (the loss-scale optimizer takes its inner one only when made, so
+#: ``model.optimizer`` would be a new one, not the one compiled), or accumulating above it (Keras 3
+#: accumulates below it: the meaning the option has on both). Accumulating above was measured
+#: (``benchmarks/trace_time_swaps.py``: ``mixed_float16``, 12 steps, N=4, one step overflowing): the
+#: loss scale saw 3 steps of 12 (below: 12), and the one non-finite step threw away the 3 finite
+#: steps accumulated with it (below: none).
 _accumulating_below = shared_while_inside(_install, lambda inner, _: object.__delattr__(inner, "apply_gradients"))
 
 
