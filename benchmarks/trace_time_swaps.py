@@ -83,10 +83,13 @@ def penalty_in_graph() -> dict[str, Any]:
 
 
 def _without_the_swap(update: Callable[[list[Any]], None], gradients: list[Any], **_: Any) -> None:
+    """Keras' update in the one merge call's cross-replica context, the strategy's ``_use_merge_call`` as it is."""
     common.in_one_merge_call(update, gradients, direct_updates=False)
 
 
 def _back_in_the_replicas(update: Callable[[list[Any]], None], gradients: list[Any], **_: Any) -> None:
+    """Keras' update run in each replica again from the one merge call (as tf_keras' accumulation does)."""
+
     def each_replica(local: list[Any]) -> None:
         tf.distribute.get_strategy().extended.call_for_each_replica(lambda: update(local))
 
