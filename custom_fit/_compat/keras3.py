@@ -584,9 +584,9 @@ def _restore_regularizers(model: keras.Model, counters: dict[int, CountingCall])
 #: when the context ends.
 #: A swap kept on purpose (tests/end_to_end/test_layout.py lists it): Keras records nothing when
 #: it computes a penalty, and a check without a counter would have to find the penalty in the traced
-#: graph. Measured (``benchmarks/trace_time_swaps.py``): Keras 3 names none of one L2 penalty's 6 ops
-#: for a regularizer (``Square``, ``Sum``, ``mul``, as any step's), and a step run eagerly makes no
-#: graph; without the count, a step that drops the penalties trains unregularized silently.
+#: graph. Measured (``benchmarks/trace_time_swaps.py``, Keras 3.15): none of one L2 penalty's 6 ops
+#: is named for a regularizer (``Square``, ``Sum``, ``mul``, as any step's), and a step run eagerly
+#: makes no graph; without the count, a step that drops the penalties trains unregularized silently.
 counting_regularizer_calls = shared_while_inside(_count_regularizer_calls, _restore_regularizers)
 
 
