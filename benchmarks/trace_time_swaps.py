@@ -39,6 +39,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -114,17 +115,18 @@ def accumulating_on_two_replicas(way: str) -> dict[str, Any]:
         inputs = keras.Input((4,))
         model = custom_fit.CustomModel(inputs, keras.layers.Dense(1)(inputs))
         model.compile(optimizer=keras.optimizers.Adam(gradient_accumulation_steps=2), loss="mse")
-    own, replacement = keras3.in_one_merge_call, MERGE_CALL_WAYS[way]
-    keras3.in_one_merge_call = replacement or own
+    replacement = MERGE_CALL_WAYS[way]
+    way_without = (
+        mock.patch.object(keras3, "in_one_merge_call", replacement) if replacement else contextlib.nullcontext()
+    )
     try:
-        model.fit(x, x.sum(axis=1), batch_size=16, epochs=1, verbose=0)
+        with way_without:
+            model.fit(x, x.sum(axis=1), batch_size=16, epochs=1, verbose=0)
         return {"way": way, "ends": "trains", "updates": int(model.optimizer.iterations)}
     except Exception as error:  # what the way ends with is the measurement
         lines = [line for line in ANSI.sub("", str(error)).splitlines() if line.strip()]
         message = next((line for line in lines if not line.startswith("Exception encountered")), "")
         return {"way": way, "ends": f"{type(error).__name__}: {message.split('. ')[0]}", "updates": None}
-    finally:
-        keras3.in_one_merge_call = own
 
 
 # -- accumulating below the loss scale (tf_keras) ------------------------------------------------
@@ -163,11 +165,11 @@ def counting(counts: dict[str, tf.Variable], loss_scale_optimizer: Any) -> Itera
         counts["accumulated_non_finite"].assign_add(1 - tf.cast(finite, tf.int64))
         own_accumulate(optimizer, accumulation, grads_and_vars)
 
-    loss_scale_optimizer.apply_gradients, keras2_accumulation._accumulate = apply_gradients, accumulate
-    try:
+    with (
+        mock.patch.object(loss_scale_optimizer, "apply_gradients", apply_gradients),
+        mock.patch.object(keras2_accumulation, "_accumulate", accumulate),
+    ):
         yield
-    finally:
-        loss_scale_optimizer.apply_gradients, keras2_accumulation._accumulate = own_apply, own_accumulate
 
 
 def mixed_precision_accumulation(way: str) -> dict[str, Any]:
@@ -178,19 +180,17 @@ def mixed_precision_accumulation(way: str) -> dict[str, Any]:
     x = rng.normal(size=(96, 4)).astype("float32")
     y = (x @ rng.normal(size=(4, 1))).astype("float32")
     counts = {name: tf.Variable(0, dtype=tf.int64) for name in COUNTS}
+    above = mock.patch.object(keras2, "apply_gradients", accumulating_above)
     keras.mixed_precision.set_global_policy("mixed_float16")
-    own = keras2.apply_gradients
-    keras2.apply_gradients = accumulating_above if way == "above" else own
     try:
         keras.utils.set_random_seed(1)
         model = custom_fit.CustomSequential(
             [keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1, dtype="float32")]
         )
         model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", gradient_accumulation_steps=4)
-        with counting(counts, type(model.optimizer)):
+        with above if way == "above" else contextlib.nullcontext(), counting(counts, type(model.optimizer)):
             model.fit(x * 2e4, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
     finally:
-        keras2.apply_gradients = own
         keras.mixed_precision.set_global_policy("float32")
     optimizer = model.optimizer
     measured = {name: int(count.numpy()) for name, count in counts.items()}
@@ -229,8 +229,9 @@ def main() -> None:
         result["merge_call"] = [accumulating_on_two_replicas(way) for way in MERGE_CALL_WAYS]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"results_trace_time_swaps_{name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / f"results_trace_time_swaps_{name}.md").write_text(report(result))
-    print(report(result))
+    text = report(result)
+    (args.out / f"results_trace_time_swaps_{name}.md").write_text(text)
+    print(text)
 
 
 def report(result: dict[str, Any]) -> str:
