@@ -36,6 +36,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -69,7 +70,6 @@ BATCH_PER_REPLICA = 16
 @contextlib.contextmanager
 def divided_and_summed_again() -> Iterator[None]:
     """While inside, summed gradients reach the optimizer divided by the replica count, with no swap."""
-    own = keras3.apply_gradients
 
     def apply_gradients(optimizer: Any, grads_and_vars: list[Any], *, summed: bool) -> None:
         if summed:
@@ -77,11 +77,8 @@ def divided_and_summed_again() -> Iterator[None]:
             grads_and_vars = [(None if g is None else g / replicas, v) for g, v in grads_and_vars]
         optimizer.apply_gradients(grads_and_vars)
 
-    keras3.apply_gradients = apply_gradients
-    try:
+    with mock.patch.object(keras3, "apply_gradients", apply_gradients):
         yield
-    finally:
-        keras3.apply_gradients = own
 
 
 @contextlib.contextmanager
@@ -93,11 +90,8 @@ def counting_all_reduced_values(counts: list[int]) -> Iterator[None]:
         counts.append(sum(int(np.prod(v.shape)) for v in tf.nest.flatten(value)))
         return own(self, reduce_op, value, options)
 
-    tf.distribute.ReplicaContext.all_reduce = all_reduce
-    try:
+    with mock.patch.object(tf.distribute.ReplicaContext, "all_reduce", all_reduce):
         yield
-    finally:
-        tf.distribute.ReplicaContext.all_reduce = own
 
 
 def data(replicas: int, steps: int) -> tuple[np.ndarray, np.ndarray]:
